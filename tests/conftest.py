@@ -1,0 +1,93 @@
+"""Shared test fixtures: offline settings, a tiny random BERT, the shared data, local Ray."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Offline and out of $HOME before anything imports transformers or deepspeed.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_caches(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("caches")
+    os.environ.setdefault("HF_HOME", str(cache / "hf"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    yield
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """../shared/data (real SentEval layout and corpora); override with DISTRIBUTED_EMB_SHARED_DATA."""
+    path = Path(os.environ.get("DISTRIBUTED_EMB_SHARED_DATA", REPO.parent / "shared" / "data"))
+    if not path.is_dir():
+        pytest.fail(f"shared data directory {path} is missing (set DISTRIBUTED_EMB_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def senteval_dir(shared_data_dir) -> Path:
+    return shared_data_dir / "senteval" / "downstream"
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    from distributed_emb.paths import default_model_path
+
+    return default_model_path()
+
+
+def build_tiny_bert(directory: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> str:
+    """A random-initialised BERT with MiniLM's tokenizer: real tokenisation, tiny compute."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from distributed_emb.paths import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
+    torch.manual_seed(seed)
+    # Saved with an MLM head so the β·L_MLM path has real weights to load.
+    BertForMaskedLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_path(tmp_path_factory) -> str:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray with 4 logical CPUs on the 2-core machine (see ../shared/RAY_NOTES.md:
+    2 logical CPUs deadlock Train workers against streaming reads)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=4,
+            include_dashboard=False,
+            object_store_memory=512 * 1024**2,
+            log_to_driver=True,
+        )
+    yield ray
+    ray.shutdown()
