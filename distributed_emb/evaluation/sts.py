@@ -1,0 +1,74 @@
+"""Semantic textual similarity: cosine of the two sentences' embeddings, Spearman × 100.
+
+This is the one STS implementation: the evaluator's STS12–16 / STS-B / SICK-R numbers and the
+in-training STS-B dev metric both go through :func:`spearman_of_embeddings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from distributed_emb.evaluation.senteval_data import StsData
+
+Encoder = Callable[[list[str]], np.ndarray]
+
+
+def pair_cosines(embeddings1: np.ndarray, embeddings2: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two (n, d) arrays → (n,).
+
+    A zero vector gives NaN cosine; SentEval maps it to 0 (``np.nan_to_num``), and so do we.
+    """
+    e1 = np.asarray(embeddings1, dtype=np.float64)  # (n, d)
+    e2 = np.asarray(embeddings2, dtype=np.float64)  # (n, d)
+    if e1.ndim != 2 or e1.shape != e2.shape:
+        raise ValueError(
+            f"embeddings must be two (n, d) arrays of the same shape, got {e1.shape} and {e2.shape}"
+        )
+    dots = np.einsum("nd,nd->n", e1, e2)  # (n,)
+    norms = np.linalg.norm(e1, axis=1) * np.linalg.norm(e2, axis=1)  # (n,)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.nan_to_num(dots / norms)
+
+
+def spearman_x100(system_scores: np.ndarray, gold_scores: np.ndarray) -> float:
+    """Spearman rank correlation × 100 (the unit of the papers' tables)."""
+    system_scores = np.asarray(system_scores, dtype=np.float64)
+    gold_scores = np.asarray(gold_scores, dtype=np.float64)
+    if system_scores.shape != gold_scores.shape or system_scores.ndim != 1:
+        raise ValueError(
+            f"need two 1-D arrays of equal length, got {system_scores.shape} and "
+            f"{gold_scores.shape}"
+        )
+    if len(system_scores) < 2:
+        raise ValueError("Spearman correlation needs at least two pairs")
+    return float(spearmanr(system_scores, gold_scores).statistic) * 100.0
+
+
+def spearman_of_embeddings(
+    embeddings1: np.ndarray, embeddings2: np.ndarray, scores: np.ndarray
+) -> float:
+    """Spearman × 100 between the pairs' cosine similarities and the gold `scores`."""
+    return spearman_x100(pair_cosines(embeddings1, embeddings2), scores)
+
+
+def encode_pairs(encode: Encoder, data: StsData) -> tuple[np.ndarray, np.ndarray]:
+    """Embed both sides of `data` in one `encode` call (one pass for a Ray pipeline)."""
+    n = len(data)
+    embeddings = np.asarray(encode(list(data.sentences1) + list(data.sentences2)))  # (2n, d)
+    if embeddings.ndim != 2 or embeddings.shape[0] != 2 * n:
+        raise ValueError(
+            f"encode returned shape {embeddings.shape} for {2 * n} sentences; expected (2n, d)"
+        )
+    return embeddings[:n], embeddings[n:]
+
+
+def sts_spearman(encode: Encoder, data: StsData) -> float:
+    """Spearman × 100 of cosine similarity against the gold scores of `data`.
+
+    `encode` maps a list of sentences to an (n, d) array in the same order.
+    """
+    embeddings1, embeddings2 = encode_pairs(encode, data)
+    return spearman_of_embeddings(embeddings1, embeddings2, data.scores)

@@ -1,0 +1,65 @@
+"""STS metric: cosine + Spearman against plain references, and the published MiniLM figure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import rankdata
+
+from distributed_emb.evaluation.senteval_data import StsData, read_sts_benchmark
+from distributed_emb.evaluation.sts import pair_cosines, spearman_of_embeddings, sts_spearman
+
+
+def _plain_spearman(a: np.ndarray, b: np.ndarray) -> float:
+    # Pearson correlation of average ranks: the definition, with ties handled by rankdata.
+    ra, rb = rankdata(a), rankdata(b)
+    return float(np.corrcoef(ra, rb)[0, 1]) * 100
+
+
+def test_spearman_of_embeddings_matches_definition():
+    rng = np.random.default_rng(0)
+    e1, e2 = rng.normal(size=(50, 8)), rng.normal(size=(50, 8))
+    gold = rng.integers(0, 6, size=50).astype(float)  # ties, like real STS scores
+    cos = np.array(
+        [u @ v / np.linalg.norm(u) / np.linalg.norm(v) for u, v in zip(e1, e2, strict=True)]
+    )
+    assert np.allclose(pair_cosines(e1, e2), cos)
+    assert spearman_of_embeddings(e1, e2, gold) == pytest.approx(_plain_spearman(cos, gold))
+
+
+def test_zero_vector_gives_zero_cosine_like_senteval():
+    e1 = np.array([[0.0, 0.0], [1.0, 0.0]])
+    e2 = np.array([[1.0, 0.0], [1.0, 0.0]])
+    assert pair_cosines(e1, e2).tolist() == [0.0, 1.0]
+
+
+def test_sts_spearman_keeps_pairs_aligned():
+    # An encoder whose embedding encodes the sentence's number: sentence pairs "k"/"k" are
+    # identical (cosine 1) and pairs "k"/"-k" are opposite, so the order of rows matters.
+    def encode(sentences):
+        return np.array([[float(s), 1.0] for s in sentences])
+
+    data = StsData(["1", "2", "3", "4"], ["1", "-2", "3", "-4"], np.array([5.0, 1, 5, 0]), "t")
+    assert sts_spearman(encode, data) == pytest.approx(100.0)
+    flipped = StsData(data.sentences1, data.sentences2, 5 - data.scores, "t")
+    assert sts_spearman(encode, flipped) == pytest.approx(-100.0)
+
+
+def test_encoder_returning_wrong_rows_is_an_error():
+    data = StsData(["a", "b"], ["c", "d"], np.array([1.0, 2.0]), "t")
+    with pytest.raises(ValueError, match="expected"):
+        sts_spearman(lambda s: np.zeros((3, 2)), data)
+
+
+@pytest.mark.slow
+def test_minilm_mean_pooling_stsb_test_is_published_figure(minilm_path, senteval_dir):
+    import torch
+
+    from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
+    torch.set_num_threads(2)
+    model = load_sentence_transformer(minilm_path, pooler="mean", device="cpu")
+    data = read_sts_benchmark(senteval_dir, "test")
+    assert len(data) == 1379
+    score = sts_spearman(lambda s: model.encode(s, batch_size=64), data)
+    assert score == pytest.approx(82.03, abs=0.05)
