@@ -27,6 +27,7 @@ tensor is ever built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -152,7 +153,7 @@ class MCR2LossConfig:
     # Weight of R_c: 1.0 is the MCR² objective ΔR = R − R_c; 0 keeps only the expansion term.
     compress_weight: float = 1.0
     # "float64" computes the Grams and logdets in double precision (slower, exact metrics).
-    compute_dtype: str | None = None
+    compute_dtype: Literal["float32", "float64"] | None = None
 
 
 class MCR2Loss(torch.nn.Module):

@@ -1,0 +1,70 @@
+"""The compression head: an MLP from the frozen encoder's vector to a small normalised one.
+
+Only ``Linear`` layers and element-wise activations, so the head exports exactly as a stack of
+sentence-transformers ``Dense`` modules followed by ``Normalize`` (see ``mcr2/export.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS: dict[str, type[torch.nn.Module]] = {
+    "relu": torch.nn.ReLU,
+    "gelu": torch.nn.GELU,
+    "tanh": torch.nn.Tanh,
+    "silu": torch.nn.SiLU,
+    "identity": torch.nn.Identity,
+}
+
+
+def make_activation(name: str) -> torch.nn.Module:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
+class CompressionHead(torch.nn.Module):
+    """input_dim → hidden_dims… → output_dim, activation between layers, L2-normalised output.
+
+    forward: (n, input_dim) → (n, output_dim) with unit rows. Dropout (training only) follows
+    each hidden activation; at inference the head is exactly its Linear/activation stack.
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        hidden_dims: list[int] | tuple[int, ...] = (512,),
+        activation: str = "gelu",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        sizes = [input_dim, *hidden_dims, output_dim]
+        if any(s <= 0 for s in sizes):
+            raise ValueError(f"head layer sizes must be positive, got {sizes}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"head dropout must be in [0, 1), got {dropout}")
+        self.linears = torch.nn.ModuleList(
+            torch.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+        )
+        self.activation_name = activation
+        self.activation = make_activation(activation)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    @property
+    def output_dim(self) -> int:
+        return self.linears[-1].out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for linear in self.linears[:-1]:
+            x = self.dropout(self.activation(linear(x)))  # (n, hidden)
+        return F.normalize(self.linears[-1](x), dim=1)  # (n, output_dim)
+
+    def layers_for_export(self) -> list[tuple[torch.nn.Linear, torch.nn.Module | None]]:
+        """(linear, activation) per layer; the last layer has none (Normalize follows)."""
+        last = len(self.linears) - 1
+        return [
+            (linear, None if i == last else make_activation(self.activation_name))
+            for i, linear in enumerate(self.linears)
+        ]
