@@ -1,0 +1,210 @@
+"""Sentence encoding: a Ray Data actor pool for large runs, in-process for small ones.
+
+:class:`SentenceEmbedder` is the model-holding callable class given to
+``Dataset.map_batches``: each actor loads the model once (via
+:func:`~distributed_emb.model.sentence_transformer.load_sentence_transformer`, so every
+caller embeds a sentence the same way) and then embeds batch after batch. The evaluator,
+the InfoCSE annotator and the MCR² tools all use it.
+
+:func:`ray_encode` wraps that into "list of sentences in, (n, d) array out, same order".
+Ray Data does not promise to keep row order across an actor pool, so each row carries its
+input index and the output is put back in order by it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+INDEX_COLUMN = "__index"
+EMBEDDING_COLUMN = "embedding"
+
+
+class SentenceEmbedder:
+    """Callable class for ``ray.data.Dataset.map_batches``: adds an embedding column.
+
+    Input batches are dicts of numpy arrays (``batch_format="numpy"``) with a text column;
+    the output batch is the input plus ``output_column`` holding a (B, d) float32 array.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        pooler: str | None = None,
+        batch_size: int = 128,
+        max_seq_length: int | None = None,
+        text_column: str = "text",
+        output_column: str = EMBEDDING_COLUMN,
+        device: str | None = None,
+        torch_threads: int | None = None,
+    ) -> None:
+        if torch_threads is not None:
+            import torch
+
+            # Ray sets OMP threads from the actor's (possibly fractional) CPU share; an
+            # explicit count lets one actor use the whole machine when it is alone on it.
+            torch.set_num_threads(torch_threads)
+        from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
+        self.model = load_sentence_transformer(
+            model_path, pooler=pooler, max_seq_length=max_seq_length, device=device
+        )
+        self.batch_size = batch_size
+        self.text_column = text_column
+        self.output_column = output_column
+
+    def embed(self, sentences: Sequence[str]) -> np.ndarray:
+        """(n, d) float32 embeddings of `sentences`, in order."""
+        embeddings = self.model.encode(
+            list(sentences),
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(embeddings, dtype=np.float32).reshape(len(sentences), -1)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.text_column not in batch:
+            raise KeyError(
+                f"batch has no text column {self.text_column!r}; columns: {sorted(batch)}"
+            )
+        sentences = [str(s) for s in batch[self.text_column]]
+        out = dict(batch)
+        out[self.output_column] = self.embed(sentences)  # (B, d)
+        return out
+
+
+def local_encode(
+    sentences: Sequence[str],
+    model_path: str,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    max_seq_length: int | None = None,
+    device: str | None = None,
+) -> np.ndarray:
+    """In-process encoding (no Ray): the same model and batching as one actor would use."""
+    embedder = SentenceEmbedder(
+        model_path,
+        pooler=pooler,
+        batch_size=batch_size,
+        max_seq_length=max_seq_length,
+        device=device,
+    )
+    return embedder.embed(sentences)
+
+
+def default_cpus_per_actor(concurrency: int, cluster_cpus: float) -> float:
+    """CPUs per encoding actor that leave one CPU for Ray Data's own tasks.
+
+    On a 2-CPU machine an actor pool that takes every CPU starves the read tasks and hangs
+    (see RAY_NOTES); fractional shares avoid it. Capped at 1 and floored at 0.25.
+    """
+    spare = max(cluster_cpus - 1.0, 0.25 * concurrency)
+    return max(0.25, min(1.0, spare / concurrency))
+
+
+def ray_encode(
+    sentences: Sequence[str],
+    model_path: str,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    max_seq_length: int | None = None,
+    concurrency: int = 1,
+    num_cpus_per_actor: float | None = None,
+    num_gpus_per_actor: float | None = None,
+    torch_threads: int | None = None,
+) -> np.ndarray:
+    """Embed `sentences` with a Ray Data actor pool; returns (n, d) float32 in input order.
+
+    Uses the running Ray instance (or starts a local one). `num_cpus_per_actor` defaults to
+    a share that leaves one CPU free (:func:`default_cpus_per_actor`); `num_gpus_per_actor`
+    defaults to 1 when the cluster has at least `concurrency` GPUs, else 0.
+    """
+    import ray
+
+    sentences = [str(s) for s in sentences]
+    n = len(sentences)
+    if n == 0:
+        raise ValueError("no sentences to encode")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not ray.is_initialized():
+        ray.init()
+    resources = ray.cluster_resources()
+    if num_cpus_per_actor is None:
+        num_cpus_per_actor = default_cpus_per_actor(concurrency, resources.get("CPU", 1.0))
+    if num_gpus_per_actor is None:
+        num_gpus_per_actor = 1.0 if resources.get("GPU", 0.0) >= concurrency else 0.0
+
+    # Rows sorted by length so each batch pads little; the index column restores the order.
+    by_length = sorted(range(n), key=lambda i: len(sentences[i]))
+    rows = [{INDEX_COLUMN: i, "text": sentences[i]} for i in by_length]
+    num_blocks = max(1, min(math.ceil(n / batch_size), 4 * concurrency))
+    dataset = ray.data.from_items(rows, override_num_blocks=num_blocks)
+    embedded = dataset.map_batches(
+        SentenceEmbedder,
+        fn_constructor_kwargs={
+            "model_path": model_path,
+            "pooler": pooler,
+            "batch_size": batch_size,
+            "max_seq_length": max_seq_length,
+            "text_column": "text",
+            "output_column": EMBEDDING_COLUMN,
+            "torch_threads": torch_threads,
+        },
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=concurrency),
+        num_cpus=num_cpus_per_actor,
+        num_gpus=num_gpus_per_actor,
+    ).select_columns([INDEX_COLUMN, EMBEDDING_COLUMN])
+
+    indices: list[np.ndarray] = []
+    chunks: list[np.ndarray] = []
+    for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
+        indices.append(np.asarray(batch[INDEX_COLUMN], dtype=np.int64))
+        chunks.append(np.asarray(batch[EMBEDDING_COLUMN], dtype=np.float32))
+    index = np.concatenate(indices)  # (n,)
+    embeddings = np.concatenate(chunks).reshape(len(index), -1)  # (n, d)
+    if len(index) != n or not np.array_equal(np.sort(index), np.arange(n)):
+        raise RuntimeError(f"Ray encoding returned {len(index)} rows for {n} sentences")
+    out = np.empty_like(embeddings)
+    out[index] = embeddings
+    return out
+
+
+def make_encoder(
+    model_path: str,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    max_seq_length: int | None = None,
+    use_ray: bool = True,
+    **ray_options: Any,
+) -> Callable[[list[str]], np.ndarray]:
+    """An ``encode(sentences) -> (n, d)`` function for the metrics.
+
+    With ``use_ray`` each call runs :func:`ray_encode` (a fresh actor pool: call it with all
+    of a task's sentences at once); without it the model is loaded once, in this process.
+    """
+    if use_ray:
+
+        def encode_with_ray(sentences: list[str]) -> np.ndarray:
+            return ray_encode(
+                sentences,
+                model_path,
+                pooler=pooler,
+                batch_size=batch_size,
+                max_seq_length=max_seq_length,
+                **ray_options,
+            )
+
+        return encode_with_ray
+    if ray_options:
+        raise ValueError(f"Ray options {sorted(ray_options)} given with use_ray=False")
+    embedder = SentenceEmbedder(
+        model_path, pooler=pooler, batch_size=batch_size, max_seq_length=max_seq_length
+    )
+    return embedder.embed
