@@ -156,6 +156,11 @@ def load_config(cls: type[T], yaml_path: str | None = None, overrides: list[str]
     return config
 
 
+def from_dict(cls: type[T], tree: dict) -> T:
+    """Rebuild a config from `to_dict` output (on workers; validated once, on the driver)."""
+    return _build(cls, tree)
+
+
 def to_dict(config: Any) -> dict:
     return dataclasses.asdict(config)
 
@@ -353,3 +358,7 @@ class TrainingConfig:
         from distributed_emb.paths import default_model_path
 
         return self.model.path or default_model_path()
+
+
+def training_config_from_dict(tree: dict) -> TrainingConfig:
+    return from_dict(TrainingConfig, tree)

@@ -1,0 +1,118 @@
+"""Worker-side tokenisation: text batches → the tensors one training step needs.
+
+Runs inside each Ray Train worker (via `iter_torch_batches(collate_fn=...)`), so tokenising
+scales with workers and the driver never holds token ids. Padding is dynamic (to the longest
+row in the batch, not max_seq_length).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:  # Ray ≥ 2.47 wants a collate class; the collator also works as a plain callable.
+    from ray.data.collate_fn import NumpyBatchCollateFn as _CollateBase
+except ImportError:  # pragma: no cover
+    _CollateBase = object
+
+
+class ContrastiveCollator(_CollateBase):
+    """Sentences → two views stacked as one (2B, L) batch; pairs → anchors then positives.
+
+    Output keys: input_ids, attention_mask (2B, L) with rows [0, B) the first view and [B, 2B)
+    the second; `groups` (B,) when a group column is set; `mlm_input_ids`/`mlm_labels` (B, L)
+    when MLM is on; `num_truncated` and `num_real_tokens` (scalars, for counting and speed).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        max_seq_length: int,
+        kind: str = "sentences",
+        text_column: str = "text",
+        anchor_column: str = "anchor",
+        positive_column: str = "positive",
+        group_column: str | None = None,
+        mlm_probability: float | None = None,
+        seed: int = 0,
+    ):
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.kind = kind
+        self.text_column = text_column
+        self.anchor_column = anchor_column
+        self.positive_column = positive_column
+        self.group_column = group_column
+        self.mlm_probability = mlm_probability
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        if self.kind == "sentences":
+            texts = [str(t) for t in batch[self.text_column]]
+            encoded = self._tokenize(texts)
+            first = {k: encoded[k] for k in ("input_ids", "attention_mask")}
+            out = {k: torch.cat([v, v]) for k, v in first.items()}  # (2B, L): same text twice
+        else:
+            anchors = [str(t) for t in batch[self.anchor_column]]
+            positives = [str(t) for t in batch[self.positive_column]]
+            encoded = self._tokenize(anchors + positives)
+            first = {k: encoded[k][: len(anchors)] for k in ("input_ids", "attention_mask")}
+            out = {k: encoded[k] for k in ("input_ids", "attention_mask")}
+        out["num_truncated"] = encoded["num_truncated"]
+        out["num_real_tokens"] = out["attention_mask"].sum()
+        if self.group_column is not None:
+            out["groups"] = torch.as_tensor(_group_ids(batch[self.group_column]), dtype=torch.long)
+        if self.mlm_probability:
+            out["mlm_input_ids"], out["mlm_labels"] = self.mask_tokens(first["input_ids"])
+            out["mlm_attention_mask"] = first["attention_mask"]
+        return out
+
+    def _tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        encoded = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="pt",
+        )
+        # Fast tokenizers keep what truncation cut off: count it instead of silently losing it.
+        encodings = getattr(encoded, "encodings", None) or []
+        truncated = sum(1 for e in encodings if e.overflowing)
+        return {
+            "input_ids": encoded["input_ids"],
+            "attention_mask": encoded["attention_mask"],
+            "num_truncated": torch.tensor(truncated),
+        }
+
+    def mask_tokens(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """BERT masking: choose `mlm_probability` of real tokens; of those 80% → [MASK],
+        10% → random token, 10% unchanged. Labels are −100 elsewhere."""
+        labels = input_ids.clone()
+        special = torch.tensor(
+            [
+                self.tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+                for ids in input_ids.tolist()
+            ],
+            dtype=torch.bool,
+        )
+        probability = torch.full(labels.shape, self.mlm_probability)
+        probability.masked_fill_(special, 0.0)
+        chosen = torch.bernoulli(probability, generator=self.generator).bool()
+        labels[~chosen] = -100
+        masked = input_ids.clone()
+        replace = torch.bernoulli(torch.full(labels.shape, 0.8), generator=self.generator).bool()
+        replace &= chosen
+        masked[replace] = self.tokenizer.mask_token_id
+        randomise = torch.bernoulli(torch.full(labels.shape, 0.5), generator=self.generator).bool()
+        randomise &= chosen & ~replace
+        masked[randomise] = torch.randint(
+            len(self.tokenizer), labels.shape, generator=self.generator
+        )[randomise]
+        return masked, labels
+
+
+def _group_ids(values) -> np.ndarray:
+    """Group labels (document ids, any hashable) → stable int64 ids, equal across workers."""
+    import zlib
+
+    return np.array([zlib.crc32(str(v).encode()) for v in values], dtype=np.int64)

@@ -1,0 +1,43 @@
+"""InfoNCE over the global batch (SimCSE / InforMin-CL's L_C).
+
+Inputs on each rank: z1, z2 of shape (B, d): two views of the same B sentences (or the anchor
+and positive of B pairs). Candidates for row i are all W·B second views gathered from every
+worker (with gradients); the positive of local row i sits at column rank·B + i.
+
+    s_ij = cos(z1_i, z2_j) / τ,   L_C = mean_i CE(s_i, rank·B + i)
+
+Optional `groups` (B,) of ints marks rows that must not be each other's negatives (pairs mined
+from the same document): their off-positive logits are masked to −inf.
+
+Reference: Gao et al., SimCSE (2021), eq. 1; Chen et al., InforMin-CL (2022).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from distributed_emb import distributed
+
+
+def info_nce_loss(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    temperature: float,
+    gather: bool = True,
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:
+    batch = z1.shape[0]
+    if gather:
+        candidates = distributed.gather_with_grad(z2)  # (W·B, d)
+        offset = distributed.rank() * batch
+    else:
+        candidates, offset = z2, 0
+    logits = F.normalize(z1, dim=-1) @ F.normalize(candidates, dim=-1).T / temperature  # (B, W·B)
+    labels = torch.arange(batch, device=z1.device) + offset  # (B,)
+    if groups is not None:
+        all_groups = distributed.gather_no_grad(groups) if gather else groups  # (W·B,)
+        same_group = groups[:, None] == all_groups[None, :]  # (B, W·B)
+        same_group[torch.arange(batch, device=z1.device), labels] = False
+        logits = logits.masked_fill(same_group, float("-inf"))
+    return F.cross_entropy(logits, labels)

@@ -1,0 +1,132 @@
+"""The trainable sentence encoder: HF AutoModel + pooler [+ SimCSE's training-only MLP head].
+
+Both dropout views go through ONE forward pass of 2B rows (as SimCSE does): half the kernel
+launches, and each view still gets its own dropout masks.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+from distributed_emb.model.sentence_transformer import POOLERS, hf_pooler_dense
+
+log = logging.getLogger(__name__)
+
+
+class SentenceEncoder(nn.Module):
+    def __init__(
+        self,
+        model_path: str,
+        pooler: str = "mean",
+        mlp_head: bool = True,
+        with_mlm_head: bool = False,
+        trust_remote_code: bool = False,
+    ):
+        super().__init__()
+        from transformers import AutoModel
+
+        if pooler not in POOLERS:
+            raise ValueError(f"unknown pooler {pooler!r}; expected one of {POOLERS}")
+        self.model_path = model_path
+        self.pooler = pooler
+        self.backbone = AutoModel.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        if pooler == "cls":
+            hf_pooler_dense(self.backbone)  # fail now, with a clear message, if it is missing
+        elif getattr(self.backbone, "pooler", None) is not None:
+            # Unused parameters would make DDP wait forever for their gradients.
+            self.backbone.pooler = None
+        hidden = self.backbone.config.hidden_size
+        self.hidden_size = hidden
+        # SimCSE's MLP: fresh dense + tanh over the pooled vector.
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
+        self.mlm_model = self._attach_mlm_head(trust_remote_code) if with_mlm_head else None
+
+    def _attach_mlm_head(self, trust_remote_code: bool) -> nn.Module:
+        """An MLM model whose body IS our backbone, so L_MLM trains the same weights."""
+        from transformers import AutoModelForMaskedLM
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mlm_model, loading = AutoModelForMaskedLM.from_pretrained(
+                self.model_path, trust_remote_code=trust_remote_code, output_loading_info=True
+            )
+        head_missing = [
+            k for k in loading.get("missing_keys", []) if "predictions" in k or "cls" in k
+        ]
+        if head_missing or caught and any("newly initialized" in str(w.message) for w in caught):
+            log.warning(
+                "checkpoint %s has no MLM head: it is randomly initialised (β·L_MLM starts from "
+                "a random decoder)",
+                self.model_path,
+            )
+        setattr(mlm_model, mlm_model.base_model_prefix, self.backbone)
+        mlm_model.tie_weights()
+        return mlm_model
+
+    def pool(self, last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(N, L, h) token states → (N, h) sentence vectors."""
+        if self.pooler == "mean":
+            mask = attention_mask.unsqueeze(-1).to(last_hidden.dtype)  # (N, L, 1)
+            return (last_hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        cls = last_hidden[:, 0]
+        if self.pooler == "cls":
+            return self.backbone.pooler.activation(self.backbone.pooler.dense(cls))
+        return cls
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        use_mlp: bool = True,
+        mlm_input_ids: torch.Tensor | None = None,
+        mlm_attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ):
+        """(N, L) token ids → (N, h) pooled vectors (through the MLP head when training with
+        one). With `mlm_input_ids` (M, L) also returns the MLM logits (M, L, V): one call, so
+        DDP sees every parameter used in one forward."""
+        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        pooled = self.pool(out.last_hidden_state, attention_mask)
+        if use_mlp and self.mlp is not None:
+            pooled = self.mlp(pooled)
+        if mlm_input_ids is None:
+            return pooled
+        if self.mlm_model is None:
+            raise ValueError("MLM inputs given but the encoder was built without an MLM head")
+        logits = self.mlm_model(input_ids=mlm_input_ids, attention_mask=mlm_attention_mask).logits
+        return pooled, logits
+
+    @torch.no_grad()
+    def encode(
+        self,
+        sentences: list[str],
+        tokenizer,
+        max_seq_length: int,
+        batch_size: int = 128,
+        include_mlp: bool = False,
+    ) -> np.ndarray:
+        """Inference embeddings as the exported model computes them (no dropout, no training
+        MLP unless it is exported). Sorted by length so padding is minimal."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        order = np.argsort([-len(s) for s in sentences], kind="stable")
+        chunks = []
+        for start in range(0, len(sentences), batch_size):
+            texts = [sentences[i] for i in order[start : start + batch_size]]
+            batch = tokenizer(
+                texts, padding=True, truncation=True, max_length=max_seq_length, return_tensors="pt"
+            ).to(device)
+            pooled = self(batch["input_ids"], batch["attention_mask"], use_mlp=include_mlp)
+            chunks.append(pooled.float().cpu())
+        self.train(was_training)
+        embeddings = torch.cat(chunks).numpy() if chunks else np.zeros((0, self.hidden_size))
+        result = np.empty_like(embeddings)
+        result[order] = embeddings
+        return result

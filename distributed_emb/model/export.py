@@ -1,0 +1,46 @@
+"""Export a trained encoder as a sentence-transformers directory.
+
+The directory holds Transformer → Pooling [→ Dense (the checkpoint's pooler, for `cls`)]
+[→ Dense (the SimCSE MLP, only when mlp_head == "export")], so `SentenceTransformer(path)`
+computes exactly `SentenceEncoder.encode` (checked by tests/model/test_export.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.model.sentence_transformer import (
+    _st_modules,
+    dense_module,
+    hf_pooler_dense,
+    pooling_module,
+)
+
+
+def export_sentence_transformer(
+    encoder: SentenceEncoder,
+    tokenizer,
+    output_dir: str,
+    max_seq_length: int,
+    include_mlp: bool = False,
+) -> str:
+    from sentence_transformers import SentenceTransformer
+
+    modules = _st_modules()
+    with tempfile.TemporaryDirectory() as staging:
+        encoder.backbone.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        transformer = modules.Transformer(staging, max_seq_length=max_seq_length)
+        stack = [transformer, pooling_module(encoder.hidden_size, encoder.pooler)]
+        if encoder.pooler == "cls":
+            stack.append(dense_module(hf_pooler_dense(encoder.backbone), torch.nn.Tanh()))
+        if include_mlp and encoder.mlp is not None:
+            stack.append(dense_module(encoder.mlp[0], torch.nn.Tanh()))
+        model = SentenceTransformer(modules=stack, device="cpu")
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        model.save(output_dir)
+    return output_dir

@@ -1,0 +1,70 @@
+"""What a training checkpoint holds beyond the engine's weights and optimizer: the loop's
+position (step, epoch, batches consumed in the epoch), the RNG states and the config.
+
+Everything is JSON, safetensors or plain tensors loaded with weights_only=True: a checkpoint
+from shared storage can never run code when it is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.pt"
+CONFIG_FILE = "training_config.json"
+
+
+@dataclass
+class LoopState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batches_in_epoch: int = 0  # this rank's batches consumed in the current epoch
+    sentences_seen: int = 0  # global
+    truncated: int = 0  # rows cut by max_seq_length, global
+    history: list[dict] = field(default_factory=list)  # evaluations so far
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> LoopState:
+        return cls(**json.loads(text))
+
+
+def capture_rng() -> dict:
+    # random.getstate() is (int, tuple of ints, float | None): loadable with weights_only.
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_loop_state(directory: str, state: LoopState, config: dict, rank: int) -> None:
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    # RNG differs per rank (different dropout masks per worker); the rest is rank 0's.
+    torch.save(capture_rng(), path / f"rank{rank}_{RNG_FILE}")
+    if rank == 0:
+        (path / STATE_FILE).write_text(state.to_json())
+        (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+
+
+def load_loop_state(directory: str, rank: int) -> LoopState:
+    path = Path(directory)
+    state = LoopState.from_json((path / STATE_FILE).read_text())
+    rng_file = path / f"rank{rank}_{RNG_FILE}"
+    if rng_file.exists():
+        restore_rng(torch.load(rng_file, weights_only=True))
+    return state

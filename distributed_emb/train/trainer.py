@@ -1,0 +1,156 @@
+"""Driver side of a training run: data → TorchTrainer → best checkpoint → exported model.
+
+`run_training` is what jobs/train_informin.py, the InfoCSE rounds and the Tune driver all call,
+so there is one copy of the training wiring.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingResult:
+    model_dir: str | None
+    best_checkpoint: str | None
+    metrics: dict = field(default_factory=dict)
+
+
+def build_trainer(config: TrainingConfig, dataset, num_rows: int, run_name: str | None = None):
+    """The TorchTrainer for `config` (also used by the Tune driver)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    train = config.train
+    resources = {"CPU": train.cpus_per_worker}
+    if train.use_gpu:
+        resources["GPU"] = 1
+    storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"training": to_dict(config), "num_rows": num_rows},
+        scaling_config=ScalingConfig(
+            num_workers=train.num_workers, use_gpu=train.use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=run_name or config.output.run_name or f"train-{int(time.time())}",
+            storage_path=storage,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=config.output.checkpoints_to_keep,
+                checkpoint_score_attribute=DEV_METRIC,
+                checkpoint_score_order="max",
+            ),
+            failure_config=FailureConfig(max_failures=train.max_failures),
+        ),
+        datasets={"train": dataset},
+    )
+
+
+def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: str) -> str:
+    """Rebuild the encoder, load a checkpoint's weights, write a sentence-transformers dir."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from distributed_emb.model.export import export_sentence_transformer
+    from distributed_emb.train.engine import load_encoder_weights
+
+    transformers.logging.set_verbosity_error()
+    encoder = build_encoder(config)
+    load_encoder_weights(encoder, checkpoint_dir)
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.model_path, trust_remote_code=config.model.trust_remote_code
+    )
+    return export_sentence_transformer(
+        encoder,
+        tokenizer,
+        output_dir,
+        config.model.max_seq_length,
+        include_mlp=config.model.mlp_head == "export",
+    )
+
+
+def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> TrainingResult:
+    """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json."""
+    from distributed_emb.data.corpus import load_training_dataset
+
+    started = time.time()
+    output = Path(config.output.dir)
+    output.mkdir(parents=True, exist_ok=True)
+    if dataset is None:
+        dataset, corpus_report = load_training_dataset(config.data)
+    num_rows = dataset.count()
+    trainer = build_trainer(config, dataset, num_rows)
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+
+    best = result.get_best_checkpoint(metric=DEV_METRIC, mode="max") or result.checkpoint
+    history = _history(result.checkpoint)
+    model_dir = None
+    if best is not None:
+        with best.as_directory() as directory:
+            model_dir = export_checkpoint(config, directory, str(output / "model"))
+    first, last = (history[0], history[-1]) if history else ({}, {})
+    best_row = max(history, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})
+    trained = [row for row in history if row.get("step", 0) > 0]
+    metrics = {
+        "stsb_dev_before": first.get(DEV_METRIC),
+        "stsb_dev_after": last.get(DEV_METRIC),
+        "stsb_dev_best": best_row.get(DEV_METRIC),
+        "best_step": best_row.get("step"),
+        "steps": last.get("step"),
+        "sentences_seen": last.get("sentences_seen"),
+        "sentences_per_s": _mean([r.get("sentences_per_s") for r in trained]),
+        "tokens_per_s": _mean([r.get("tokens_per_s") for r in trained]),
+        "global_batch": config.train.batch_size * config.train.num_workers,
+        "truncated_rows": last.get("truncated"),
+        "corpus": corpus_report.as_dict() if corpus_report is not None else None,
+        "wall_time_s": round(time.time() - started, 1),
+        "history": history,
+        "model_dir": model_dir,
+        "best_checkpoint": best.path if best is not None else None,
+    }
+    if model_dir is not None and config.eval.test_after_training:
+        metrics["stsb_test"] = _stsb_test(config, model_dir)
+    (output / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+    return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
+
+
+def _history(last_checkpoint) -> list[dict]:
+    """Every evaluation of the run, from the loop state in the last checkpoint (Ray keeps
+    only the best few checkpoints' metrics)."""
+    from distributed_emb.train.checkpointing import STATE_FILE, LoopState
+
+    if last_checkpoint is None:
+        return []
+    with last_checkpoint.as_directory() as directory:
+        return LoopState.from_json((Path(directory) / STATE_FILE).read_text()).history
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _stsb_test(config: TrainingConfig, model_dir: str) -> float | None:
+    from distributed_emb.evaluation.senteval_data import SentEvalDataError, read_sts_benchmark
+    from distributed_emb.evaluation.sts import sts_spearman
+    from distributed_emb.model.sentence_transformer import load_sentence_transformer
+    from distributed_emb.paths import shipped_senteval_dir
+
+    try:
+        test = read_sts_benchmark(config.eval.senteval_dir or shipped_senteval_dir(), "test")
+    except SentEvalDataError as error:
+        log.warning("no STS-B test after training: %s", error)
+        return None
+    model = load_sentence_transformer(model_dir, device="cpu")
+    return sts_spearman(lambda s: model.encode(s, batch_size=config.eval.batch_size), test)
