@@ -11,7 +11,8 @@ pairs, evaluation sets) is embedded once by the frozen encoder and kept
   kind of embedding (plain or a dropout view) and the texts themselves.
 
 Dropout views (two encodes with dropout on, for the pair term when no pairs file exists) run
-in this process: the shared Ray path (``evaluation/encode.py``) embeds in eval mode only.
+in this process: the shared Ray path (``evaluation/encode.py``) goes through
+``SentenceTransformer.encode``, which always switches the model to eval mode.
 """
 
 from __future__ import annotations
@@ -144,6 +145,25 @@ def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[s
     )
 
 
+def _embed_with_dropout(model, texts: list[str], batch_size: int) -> np.ndarray:
+    """(n, d) embeddings with dropout active: ``SentenceTransformer.encode`` switches to eval
+    mode, so this runs the modules' forward pass itself, in train mode without gradients."""
+    import torch
+
+    preprocess = getattr(model, "preprocess", None) or model.tokenize  # ST < 6: tokenize
+    model.train()
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            features = preprocess(texts[start : start + batch_size])
+            features = {
+                k: v.to(model.device) if hasattr(v, "to") else v for k, v in features.items()
+            }
+            chunks.append(model(features)["sentence_embedding"].float().cpu().numpy())
+    model.eval()
+    return np.concatenate(chunks)  # (n, d)
+
+
 class CachedEncoder:
     """``encode(texts) -> (n, d) float32`` for the frozen encoder, never embedding a text twice.
 
@@ -224,18 +244,16 @@ class CachedEncoder:
             return stored[: len(texts)], stored[len(texts) :]
         import torch
 
-        from distributed_emb.evaluation.encode import SentenceEmbedder
+        from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
-        embedder = SentenceEmbedder(
-            self.model_path,
-            pooler=self.config.pooler,
-            batch_size=self.config.batch_size,
-            max_seq_length=self.config.max_seq_length,
+        model = load_sentence_transformer(
+            self.model_path, pooler=self.config.pooler, max_seq_length=self.config.max_seq_length
         )
-        embedder.model.train()  # dropout on; nothing is optimised
         torch.manual_seed(seed)
         start = time.perf_counter()
-        views = np.concatenate([embedder.embed(texts), embedder.embed(texts)])  # (2n, d)
+        views = np.concatenate(
+            [_embed_with_dropout(model, texts, self.config.batch_size) for _ in range(2)]
+        )  # (2n, d)
         self.stats["encode_seconds"] += time.perf_counter() - start
         self.stats["encoded_texts"] += 2 * len(texts)
         self.cache.save(key, views, manifest)
