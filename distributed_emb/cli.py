@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -68,11 +69,16 @@ def start_ray(config: TrainingConfig) -> None:
     if ray.is_initialized():
         return
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    # Under `ray job submit` the job's runtime env (e.g. cluster/runtime_env.yaml) already
+    # reaches every task, and Ray refuses to merge a driver runtime env that sets one of its
+    # env vars again: pass on only the ones the job does not set.
+    job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
+    job_env_vars = (job_config.get("runtime_env") or {}).get("env_vars") or {}
     runtime_env = {
         "env_vars": {
             k: os.environ[k]
             for k in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "HF_HOME")
-            if k in os.environ
+            if k in os.environ and k not in job_env_vars
         }
     }
     if address:

@@ -28,6 +28,9 @@ class ConfigError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check `value` against `annotation`, converting only where it is lossless (int → float)."""
     origin = typing.get_origin(annotation)
@@ -70,6 +73,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         return value
     if annotation is float:
+        if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+            # YAML 1.1 reads `3e-5` (no dot) as a string; it is plainly a number.
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)

@@ -26,9 +26,9 @@ def forward_objective(
         mlm_attention_mask=batch["mlm_attention_mask"] if use_mlm else None,
     )
     z, logits = outputs if use_mlm else (outputs, None)
-    z1, z2 = z.float().chunk(2)  # (B, d) each
+    z1, z2 = _full_precision(z).chunk(2)  # (B, d) each
     loss, metrics = embedding_objective(z1, z2, weights, batch.get("groups"))
-    mlm = mlm_loss(logits.float(), batch["mlm_labels"]) if use_mlm else None
+    mlm = mlm_loss(_full_precision(logits), batch["mlm_labels"]) if use_mlm else None
     loss = add_mlm_term(loss, metrics, mlm, weights)
     metrics["loss"] = loss.detach()
     return loss, metrics
@@ -43,3 +43,9 @@ def plain_step(engine, batch: dict[str, torch.Tensor], weights: ObjectiveWeights
             loss, metrics = forward_objective(engine.forward_module, batch, weights)
         engine.backward(loss)
     return metrics
+
+
+def _full_precision(tensor: torch.Tensor) -> torch.Tensor:
+    """Losses in at least fp32: softmax over thousands of negatives at τ = 0.05 loses too
+    much in bf16/fp16; fp64 (tests) stays fp64."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

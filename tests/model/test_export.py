@@ -1,0 +1,38 @@
+import numpy as np
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+from transformers import AutoTokenizer
+
+from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.model.export import export_sentence_transformer
+
+SENTENCES = ["A man is playing a guitar.", "Two dogs run.", "The stock market fell sharply today."]
+
+
+@pytest.mark.parametrize(
+    "pooler, mlp_head, include_mlp",
+    [("mean", True, False), ("cls_before_pooler", True, True), ("cls", False, False)],
+)
+def test_exported_model_embeds_exactly_like_the_encoder(
+    tiny_bert_path, tmp_path, pooler, mlp_head, include_mlp
+):
+    torch.manual_seed(0)
+    encoder = SentenceEncoder(tiny_bert_path, pooler=pooler, mlp_head=mlp_head)
+    with torch.no_grad():  # move away from the initial weights, as training would
+        for p in encoder.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
+    expected = encoder.encode(SENTENCES, tokenizer, 32, include_mlp=include_mlp)
+    out = export_sentence_transformer(encoder, tokenizer, str(tmp_path / "m"), 32, include_mlp)
+    got = SentenceTransformer(out, device="cpu").encode(SENTENCES)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    if include_mlp:  # the head really is in the export
+        without = encoder.encode(SENTENCES, tokenizer, 32, include_mlp=False)
+        assert not np.allclose(got, without, atol=1e-3)
+
+
+def test_unused_hf_pooler_is_dropped_and_cls_keeps_it(tiny_bert_path):
+    # Unused parameters would make DDP wait forever for their gradients.
+    assert SentenceEncoder(tiny_bert_path, pooler="mean").backbone.pooler is None
+    assert SentenceEncoder(tiny_bert_path, pooler="cls").backbone.pooler is not None

@@ -1,0 +1,120 @@
+"""2 gloo processes with gathered negatives == 1 process on the concatenated batch.
+
+The real path: SentenceEncoder (tiny BERT) under DDPEngine, forward_objective with InfoNCE over
+the gathered batch, λ·reconstruction and same-document masking. Dropout is off (eval mode) so
+both computations see the same function; float64 so the comparison is tight.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from distributed_emb.losses.objective import ObjectiveWeights
+
+ANCHORS = [
+    "A man is playing a guitar.",
+    "The cat sleeps on the sofa.",
+    "Stocks fell sharply today.",
+    "She is reading a long novel.",
+    "Rain is expected tomorrow.",
+    "Two dogs run in a park.",
+    "He cooked pasta for dinner.",
+    "The train was late again.",
+]
+POSITIVES = [
+    "Someone plays an instrument.",
+    "A kitten naps on a couch.",
+    "Markets dropped a lot.",
+    "A woman reads a book.",
+    "It will rain on the next day.",
+    "Dogs are running outside.",
+    "Dinner was pasta he made.",
+    "Again the train came late.",
+]
+GROUPS = ["d1", "d1", "d2", "d3", "d4", "d4", "d5", "d6"]
+WEIGHTS = ObjectiveWeights(
+    temperature=0.05, reconstruction_weight=0.5, reconstruction_form="squared_norm"
+)
+
+
+@dataclass
+class TrainCfg:
+    precision: str = "fp32"
+    max_grad_norm: float | None = None
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+
+
+def _batch(model_path: str, rows: slice):
+    from transformers import AutoTokenizer
+
+    from distributed_emb.data.collate import ContrastiveCollator
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    collate = ContrastiveCollator(tokenizer, 32, kind="pairs", group_column="doc")
+    return collate(
+        {
+            "anchor": np.array(ANCHORS[rows]),
+            "positive": np.array(POSITIVES[rows]),
+            "doc": np.array(GROUPS[rows]),
+        }
+    )
+
+
+def _loss_and_grads(model_path: str, rows: slice):
+    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.train.engine import DDPEngine
+    from distributed_emb.train.step import forward_objective
+
+    torch.manual_seed(0)  # same MLP-head init on every process
+    encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True).double().eval()
+    engine = DDPEngine(encoder, TrainCfg(), total_steps=1, device=torch.device("cpu"))
+    loss, _ = forward_objective(engine.forward_module, _batch(model_path, rows), WEIGHTS)
+    engine.backward(loss)
+    grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    per_rank = len(ANCHORS) // world
+    loss, grads = _loss_and_grads(model_path, slice(rank * per_rank, (rank + 1) * per_rank))
+    torch.save({"loss": loss, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_workers_equal_single_process_on_concatenated_batch(tiny_bert_path, tmp_path):
+    mp.spawn(
+        _worker,
+        args=(2, str(tmp_path / "init"), tiny_bert_path, str(tmp_path)),
+        nprocs=2,
+        join=True,
+    )
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    reference_loss, reference_grads = _loss_and_grads(tiny_bert_path, slice(0, len(ANCHORS)))
+
+    # The global loss is the mean over ranks of each rank's local mean.
+    distributed_loss = (ranks[0]["loss"] + ranks[1]["loss"]) / 2
+    assert torch.allclose(distributed_loss, reference_loss, rtol=1e-9, atol=1e-12)
+    # DDP leaves the same averaged gradient on both ranks; it must equal the reference.
+    assert reference_grads.keys() == ranks[0]["grads"].keys()
+    for name, expected in reference_grads.items():
+        for r in range(2):
+            got = ranks[r]["grads"][name]
+            assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), (
+                name,
+                (got - expected).abs().max(),
+                expected.abs().max(),
+            )
+    # The check has teeth: the local-only loss (no gather) gives different gradients.
+    assert not torch.allclose(ranks[0]["loss"], ranks[1]["loss"])
