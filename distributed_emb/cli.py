@@ -108,7 +108,8 @@ def summarise_run(metrics: dict) -> str:
             f"{fmt(metrics.get('stsb_dev_after'))} (best {fmt(metrics.get('stsb_dev_best'))} "
             f"at step {metrics.get('best_step')})",
             f"STS-B test:       {fmt(metrics.get('stsb_test'))} (exported model)",
-            f"steps:            {metrics.get('steps')} × global batch {metrics.get('global_batch')}",
+            f"steps:            {metrics.get('steps')} × global batch "
+            f"{metrics.get('global_batch')}",
             f"sentences/s:      {fmt(metrics.get('sentences_per_s'), '.1f')}",
             f"corpus:           kept {corpus.get('kept')}, dropped {corpus.get('dropped')}",
             f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
