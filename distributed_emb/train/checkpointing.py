@@ -26,6 +26,7 @@ class LoopState:
     batches_in_epoch: int = 0  # this rank's batches consumed in the current epoch
     sentences_seen: int = 0  # global
     truncated: int = 0  # rows cut by max_seq_length, global
+    restarts: int = 0  # times this run resumed from a checkpoint after a failure
     history: list[dict] = field(default_factory=list)  # evaluations so far
 
     def to_json(self) -> str:

@@ -61,6 +61,7 @@ class DDPEngine:
         self.device = device
         self.precision = train_config.precision
         self.max_grad_norm = train_config.max_grad_norm
+        self.accumulation_steps = getattr(train_config, "gradient_accumulation_steps", 1)
         if distributed.world_size() > 1:
             device_ids = [device.index] if device.type == "cuda" else None
             self.forward_module = nn.parallel.DistributedDataParallel(
@@ -88,6 +89,8 @@ class DDPEngine:
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
+        # Accumulated micro-batches average, as one batch of their combined size would.
+        loss = loss / self.accumulation_steps
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
@@ -113,19 +116,15 @@ class DDPEngine:
     # Checkpoints: safetensors for weights (no pickle); optimizer/scheduler state dicts hold only
     # tensors and numbers, and are loaded with weights_only=True.
     def save(self, directory: str) -> None:
-        from safetensors.torch import save_model
-
         path = Path(directory)
-        save_model(self.module, str(path / MODEL_FILE))
+        save_module_weights(self.module.state_dict(), str(path / MODEL_FILE))
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
         (path / "engine.json").write_text(json.dumps({"engine": self.name}))
 
     def load(self, directory: str) -> None:
-        from safetensors.torch import load_model
-
         path = Path(directory)
-        load_model(self.module, str(path / MODEL_FILE), device=str(self.device))
+        load_encoder_weights(self.module, str(path))
         self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
         self.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
 
@@ -145,8 +144,16 @@ def build_engine(module: nn.Module, train_config, total_steps: int, device: torc
     raise ValueError(f"unknown engine {train_config.engine!r}")
 
 
-def load_encoder_weights(module: nn.Module, checkpoint_dir: str) -> None:
-    """Weights only (for export/evaluation), whichever engine saved them."""
-    from safetensors.torch import load_model
+def save_module_weights(state_dict: dict, path: str) -> None:
+    """safetensors, every key stored (tied weights as copies): loads with no pickle."""
+    from safetensors.torch import save_file
 
-    load_model(module, str(Path(checkpoint_dir) / MODEL_FILE), device="cpu")
+    save_file({k: v.detach().contiguous().cpu().clone() for k, v in state_dict.items()}, path)
+
+
+def load_encoder_weights(module: nn.Module, checkpoint_dir: str) -> None:
+    """Weights only (for export, evaluation and resume), whichever engine saved them."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(checkpoint_dir) / MODEL_FILE))
+    module.load_state_dict(state, strict=True)

@@ -87,6 +87,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         with checkpoint.as_directory() as directory:
             engine.load(directory)
             state = load_loop_state(directory, rank)
+        state.restarts += 1
         if rank == 0:
             log.warning(
                 "resumed from step %d (epoch %d, batch %d)",
@@ -124,6 +125,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "epoch": state.epoch,
             "sentences_seen": state.sentences_seen,
             "truncated": state.truncated,
+            "restarts": state.restarts,
             **progress.window_means(),
             "final": final,
         }

@@ -25,8 +25,15 @@ class TrainingResult:
     metrics: dict = field(default_factory=dict)
 
 
-def build_trainer(config: TrainingConfig, dataset, num_rows: int, run_name: str | None = None):
-    """The TorchTrainer for `config` (also used by the Tune driver)."""
+def build_trainer(
+    config: TrainingConfig,
+    dataset,
+    num_rows: int,
+    run_name: str | None = None,
+    callbacks: list | None = None,
+):
+    """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
+    callbacks such as TuneReportCallback)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -50,6 +57,7 @@ def build_trainer(config: TrainingConfig, dataset, num_rows: int, run_name: str 
                 checkpoint_score_order="max",
             ),
             failure_config=FailureConfig(max_failures=train.max_failures),
+            callbacks=list(callbacks or []),
         ),
         datasets={"train": dataset},
     )
@@ -113,6 +121,7 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         "tokens_per_s": _mean([r.get("tokens_per_s") for r in trained]),
         "global_batch": config.train.batch_size * config.train.num_workers,
         "truncated_rows": last.get("truncated"),
+        "restarts": last.get("restarts", 0),
         "corpus": corpus_report.as_dict() if corpus_report is not None else None,
         "wall_time_s": round(time.time() - started, 1),
         "history": history,

@@ -1,0 +1,130 @@
+"""DeepSpeed ZeRO (stages 0–3) behind the same interface as DDPEngine.
+
+DeepSpeed is imported here, inside the worker, never on the driver: it fails to import on
+some CPU-only machines. On CPU it runs through its CPU accelerator with the gloo group Ray
+Train already created.
+
+Choices that differ from DeepSpeed's defaults, on purpose:
+- `gradient_clipping` is set from train.max_grad_norm (DeepSpeed 0.19 defaults it to 1.0).
+- The optimizer and LR schedule are ours (AdamW, linear warm-up/decay), so DDP and ZeRO runs
+  of one config train the same way; `zero_allow_untested_optimizer` allows that under ZeRO.
+- A user DeepSpeed JSON (train.deepspeed.config_path) overrides any key we set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from distributed_emb import distributed
+from distributed_emb.train.engine import (
+    MODEL_FILE,
+    build_optimizer,
+    build_scheduler,
+    load_encoder_weights,
+    save_module_weights,
+)
+
+DEEPSPEED_TAG = "deepspeed"
+
+
+def deepspeed_config(train_config) -> dict:
+    config = {
+        "train_micro_batch_size_per_gpu": train_config.batch_size,
+        "gradient_accumulation_steps": train_config.gradient_accumulation_steps,
+        "gradient_clipping": train_config.max_grad_norm or 0.0,
+        "zero_optimization": {"stage": train_config.deepspeed.zero_stage},
+        "bf16": {"enabled": train_config.precision == "bf16"},
+        "fp16": {"enabled": train_config.precision == "fp16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if train_config.deepspeed.zero_stage == 3:
+        # Export and checkpoints need the full weights gathered on save.
+        config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    if train_config.deepspeed.config_path:
+        user = json.loads(Path(train_config.deepspeed.config_path).read_text())
+        config = _deep_merge(config, user)
+    config["train_batch_size"] = (
+        config["train_micro_batch_size_per_gpu"]
+        * config["gradient_accumulation_steps"]
+        * distributed.world_size()
+    )
+    return config
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+class DeepSpeedEngine:
+    name = "deepspeed"
+
+    def __init__(self, module: nn.Module, train_config, total_steps: int, device: torch.device):
+        import deepspeed
+
+        self.module = module.to(device)
+        self.device = device
+        self.config = deepspeed_config(train_config)
+        self.zero_stage = self.config["zero_optimization"]["stage"]
+        optimizer = build_optimizer(module, train_config.learning_rate, train_config.weight_decay)
+        scheduler = build_scheduler(optimizer, total_steps, train_config.warmup_ratio)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.config
+        )
+        self.forward_module = self.engine
+
+    def autocast(self):
+        # bf16/fp16 in DeepSpeed cast the parameters themselves; no autocast on top.
+        return contextlib.nullcontext()
+
+    def no_sync(self):
+        # DeepSpeed reduces at its own accumulation boundary.
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)  # DeepSpeed scales by 1/gradient_accumulation_steps itself
+        if not self.engine.is_gradient_accumulation_boundary():
+            # DeepSpeed counts micro-batches in step(); it updates only at the boundary.
+            self.engine.step()
+
+    def step(self) -> None:
+        self.engine.step()
+
+    @property
+    def lr(self) -> float:
+        return self.engine.get_lr()[0]
+
+    @property
+    def saves_on_every_rank(self) -> bool:
+        return True  # ZeRO partitions optimizer state (and parameters at stage 3) by rank
+
+    def save(self, directory: str) -> None:
+        """Every rank writes its ZeRO shards (Ray merges the ranks' files into one checkpoint);
+        rank 0 also writes the full weights as safetensors for export."""
+        self.engine.save_checkpoint(directory, tag=DEEPSPEED_TAG)
+        if self.zero_stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()  # collective
+        else:
+            state = self.module.state_dict()
+        if distributed.rank() == 0:
+            save_module_weights(
+                {k: v.float() for k, v in state.items()}, str(Path(directory) / MODEL_FILE)
+            )
+
+    def load(self, directory: str) -> None:
+        if (Path(directory) / DEEPSPEED_TAG).exists():
+            self.engine.load_checkpoint(directory, tag=DEEPSPEED_TAG)
+        else:  # a DDP checkpoint: weights only, fresh optimizer
+            load_encoder_weights(self.module, directory)

@@ -1,0 +1,252 @@
+"""GradCache: one training step over a big batch at the memory of a mini-batch.
+
+The contrastive loss couples every row with every other (InfoNCE over the gathered global
+batch), so a big batch cannot simply be split into accumulated micro-batches: that would shrink
+the negatives. GradCache (Gao et al., "Scaling Deep Contrastive Learning Batch Size under Memory
+Limited Setup", 2021; https://github.com/luyug/GradCache) splits the *encoder* work instead:
+
+1. Embed the local batch in mini-batches of m sentences with no graph, recording the RNG state
+   before each mini-batch (both views of a sentence travel together, so each mini-batch holds
+   rows i and B+i of the (2B, L) batch).
+2. Concatenate the embeddings into leaf tensors z1, z2 (B, d), compute the full objective
+   exactly as the plain step does (InfoNCE over the gathered global batch + λ·reconstruction,
+   same-group masking) and take ∂loss/∂z (the gather's backward all-reduces these across
+   workers, so each rank gets the gradient of the global loss w.r.t. its own rows).
+3. Re-run each mini-batch with the graph, restoring its RNG state so every dropout mask is the
+   one used in step 1, and backpropagate the cached gradient: backward of Σ z ⊙ ∂loss/∂z. By
+   the chain rule the summed parameter gradients equal those of one forward over the whole
+   batch with the same dropout masks.
+
+Without the RNG replay the re-run draws new dropout masks: the gradient is then that of a
+different function from the one the loss was computed on, with no error anywhere. The test
+suite checks that removing the replay changes the gradients.
+
+Dropout masks of "the same batch and seeds": a mask is drawn per forward call, so a forward over
+all 2B rows and m-row forwards draw different masks from the same seed. The cached step equals
+the plain step (forward_objective) whose forward runs the same mini-batches one after another
+from the same RNG state; with m ≥ B, or with dropout off, it equals plain_step itself.
+
+β·L_MLM: the MLM loss is per token and local to each rank. The plain step's L_MLM is the mean
+over the N masked tokens of the local batch; with n_j masked tokens in mini-batch j and mean
+L_j there, L_MLM = Σ_j (n_j / N) · L_j, so mini-batch j backpropagates β · (n_j / N) · L_j in
+its re-run pass (no caching needed). Step 1 runs the MLM forward too, though its logits are not
+needed there: both passes must consume the RNG identically, or the MLM dropout of mini-batch j
+would reuse the random numbers that mini-batch j+1's view masks are drawn from.
+
+Cost: one extra no-grad forward per sentence (≈ +30–40% compute over a plain step); memory
+is that of one m-row mini-batch plus (B, d) cached embeddings and the (B, W·B) logits.
+
+Engines:
+- DDP: only the last mini-batch's backward all-reduces; the others run in `no_sync()`, so
+  gradients are all-reduced once per step (and none when `sync` is False, for gradient
+  accumulation across loop micro-batches).
+- DeepSpeed (distributed_emb/train/deepspeed_engine.py): several engine.backward calls per
+  optimizer step are DeepSpeed's own gradient-accumulation pattern. The mini-batches before
+  the last run with `set_gradient_accumulation_boundary(False)` (DeepSpeed 0.19.8's documented
+  way to accumulate several backward calls and step once), the last with the engine's own
+  boundary. ZeRO-0/1 accumulate gradients locally and reduce at the boundary; ZeRO-2
+  reduce-scatters each mini-batch's gradients into the partitions (k reductions per step
+  instead of one: more communication, same result). ZeRO-3 also works but every forward
+  gathers the partitioned parameters: 2k all-gathers of the whole model per step (no-grad pass
+  and re-run) plus k in backward and k reduce-scatters, which is where GradCache and ZeRO-3
+  stop composing efficiently. `engine.no_sync()` itself is refused by DeepSpeed at ZeRO ≥ 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+from distributed_emb.losses.mlm import mlm_loss
+from distributed_emb.losses.objective import ObjectiveWeights, add_mlm_term, embedding_objective
+from distributed_emb.train.step import _full_precision
+
+MLM_KEYS = ("mlm_input_ids", "mlm_attention_mask", "mlm_labels")
+
+
+class RandContext:
+    """The RNG state at construction (CPU, and the accelerator of `tensors`), replayed on enter.
+
+    Leaving restores whatever state the generators had on entering, so a replayed forward does
+    not disturb the random stream the rest of the step continues from.
+    """
+
+    def __init__(self, *tensors: torch.Tensor):
+        self.cpu_state = torch.get_rng_state()
+        self.devices, self.device_states = get_device_states(*tensors)
+
+    def __enter__(self) -> RandContext:
+        self._saved_cpu = torch.get_rng_state()
+        self._saved_devices = get_device_states_for(self.devices)
+        torch.set_rng_state(self.cpu_state)
+        set_device_states(self.devices, self.device_states)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.set_rng_state(self._saved_cpu)
+        set_device_states(self.devices, self._saved_devices)
+
+
+def get_device_states_for(devices: list[int]) -> list[torch.Tensor]:
+    """Current RNG states of the given accelerator devices (CUDA on this project's GPUs)."""
+    if not devices:
+        return []
+    return [torch.cuda.get_rng_state(device) for device in devices]
+
+
+def split_mini_batches(
+    batch: dict[str, torch.Tensor], mini_batch_size: int, use_mlm: bool
+) -> list[dict[str, torch.Tensor]]:
+    """(2B, L) batch → mini-batches of m sentences, each (2m_j, L_j) with both views.
+
+    Mini-batch j holds rows [jm, jm+m) (first views) then [B+jm, B+jm+m) (their second views),
+    and, with MLM, the masked copies of rows [jm, jm+m). Trailing columns that are padding in
+    every row of the mini-batch are cut (right padding: positions of real tokens do not move),
+    so short mini-batches cost less.
+    """
+    if mini_batch_size < 1:
+        raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+    rows = batch["input_ids"].shape[0]
+    if rows % 2:
+        raise ValueError(f"input_ids has {rows} rows; expected 2B (two views of B sentences)")
+    sentences = rows // 2
+    device = batch["input_ids"].device
+    mini_batches = []
+    for start in range(0, sentences, mini_batch_size):
+        stop = min(start + mini_batch_size, sentences)
+        first = torch.arange(start, stop, device=device)
+        both = torch.cat([first, first + sentences])  # (2m_j,)
+        mini = _trim_padding(
+            {
+                "input_ids": batch["input_ids"][both],
+                "attention_mask": batch["attention_mask"][both],
+            },
+            "attention_mask",
+        )
+        if use_mlm:
+            mini.update(_trim_padding({k: batch[k][first] for k in MLM_KEYS}, "mlm_attention_mask"))
+        mini_batches.append(mini)
+    return mini_batches
+
+
+def _trim_padding(tensors: dict[str, torch.Tensor], mask_key: str) -> dict[str, torch.Tensor]:
+    real = tensors[mask_key].any(dim=0).nonzero()
+    length = int(real.max()) + 1 if real.numel() else 1
+    return {key: value[:, :length] for key, value in tensors.items()}
+
+
+def forward_mini_batch(
+    forward_module, mini: dict[str, torch.Tensor], use_mlm: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward call, as forward_objective makes it: (2m, d) embeddings [, (m, L, V) logits]."""
+    outputs = forward_module(
+        mini["input_ids"],
+        mini["attention_mask"],
+        mlm_input_ids=mini["mlm_input_ids"] if use_mlm else None,
+        mlm_attention_mask=mini["mlm_attention_mask"] if use_mlm else None,
+    )
+    return outputs if use_mlm else (outputs, None)
+
+
+def cached_step(
+    engine,
+    batch: dict[str, torch.Tensor],
+    weights: ObjectiveWeights,
+    mini_batch_size: int,
+    sync: bool,
+    replay_rng: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Forward + backward of one (micro-)batch in mini-batches of `mini_batch_size` sentences.
+
+    Same metrics as plain_step (loss, loss_contrastive[, loss_reconstruction][, loss_mlm]) and
+    the same parameter gradients as the plain step on the same mini-batches' dropout masks.
+    `sync=False` accumulates without all-reducing (gradient accumulation). `replay_rng=False`
+    exists only so a test can show the replay matters: never use it to train.
+    """
+    use_mlm = weights.mlm_weight > 0 and "mlm_input_ids" in batch
+    mini_batches = split_mini_batches(batch, mini_batch_size, use_mlm)
+
+    # 1. Embed without a graph, remembering the RNG state each mini-batch started from.
+    rng_states, view1, view2 = [], [], []
+    with torch.no_grad():
+        for mini in mini_batches:
+            rng_states.append(RandContext(mini["input_ids"]))
+            with engine.autocast():
+                z, _ = forward_mini_batch(engine.forward_module, mini, use_mlm)  # (2m, d)
+            z1, z2 = _full_precision(z).chunk(2)
+            view1.append(z1)
+            view2.append(z2)
+
+    # 2. The full objective on the cached embeddings, and its gradient w.r.t. each of them.
+    z1 = torch.cat(view1).requires_grad_()  # (B, d) leaf
+    z2 = torch.cat(view2).requires_grad_()  # (B, d) leaf
+    with engine.autocast():
+        loss, metrics = embedding_objective(z1, z2, weights, batch.get("groups"))
+    grad_z1, grad_z2 = torch.autograd.grad(loss, [z1, z2])  # the gather's backward all-reduces
+
+    # 3. Re-run each mini-batch with its dropout masks and push the cached gradients through.
+    masked_total = int((batch["mlm_labels"] != -100).sum()) if use_mlm else 0
+    mlm_weighted = torch.zeros((), dtype=z1.dtype, device=z1.device)
+    start = 0
+    for index, (mini, rng) in enumerate(zip(mini_batches, rng_states, strict=True)):
+        last = index == len(mini_batches) - 1
+        stop = start + mini["input_ids"].shape[0] // 2
+        cached_grad = torch.cat([grad_z1[start:stop], grad_z2[start:stop]])  # (2m, d)
+        with _accumulation_context(engine, synchronise=sync and last, last=last):
+            with rng if replay_rng else contextlib.nullcontext():
+                with engine.autocast():
+                    z, logits = forward_mini_batch(engine.forward_module, mini, use_mlm)
+            surrogate = (_full_precision(z) * cached_grad).sum()  # ∂surrogate/∂z = ∂loss/∂z
+            if use_mlm:
+                mlm = mlm_loss(_full_precision(logits), mini["mlm_labels"])
+                # Token-count weights make Σ_j the mean over all N masked tokens (plain step).
+                share = (
+                    int((mini["mlm_labels"] != -100).sum()) / masked_total if masked_total else 0.0
+                )
+                surrogate = surrogate + weights.mlm_weight * share * mlm
+                mlm_weighted = mlm_weighted + share * mlm.detach()
+            _backward(engine, surrogate, last)
+        start = stop
+
+    loss = add_mlm_term(loss.detach(), metrics, mlm_weighted if use_mlm else None, weights)
+    metrics["loss"] = loss.detach()
+    return metrics
+
+
+def _is_deepspeed(engine) -> bool:
+    return getattr(engine, "name", None) == "deepspeed"
+
+
+def _accumulation_context(engine, synchronise: bool, last: bool):
+    """Where one mini-batch's gradients go: kept local unless this backward must all-reduce."""
+    if _is_deepspeed(engine):
+        # The last mini-batch is the loop's micro-batch as DeepSpeed counts it: the engine's
+        # own boundary (and its wrapper's accumulation bookkeeping) apply unchanged.
+        return contextlib.nullcontext() if last else _deepspeed_no_boundary(engine.engine)
+    return contextlib.nullcontext() if synchronise else engine.no_sync()
+
+
+@contextlib.contextmanager
+def _deepspeed_no_boundary(deepspeed_engine):
+    """DeepSpeed's way to accumulate several backward calls inside one optimizer step.
+
+    Restores the engine's own counting afterwards (None: DeepSpeed decides the boundary from
+    its micro-step counter again).
+    """
+    saved = deepspeed_engine._is_gradient_accumulation_boundary
+    deepspeed_engine.set_gradient_accumulation_boundary(False)
+    try:
+        yield
+    finally:
+        deepspeed_engine.set_gradient_accumulation_boundary(saved)
+
+
+def _backward(engine, surrogate: torch.Tensor, last: bool) -> None:
+    if _is_deepspeed(engine) and not last:
+        # The wrapper's backward advances DeepSpeed's micro-step counter once per loop
+        # micro-batch; the earlier mini-batches must not count as micro-batches.
+        engine.engine.backward(surrogate)
+    else:
+        engine.backward(surrogate)
