@@ -208,3 +208,32 @@ def make_encoder(
         model_path, pooler=pooler, batch_size=batch_size, max_seq_length=max_seq_length
     )
     return embedder.embed
+
+
+class EmbeddingLookup:
+    """An encoder over precomputed embeddings: each distinct sentence is embedded once (one
+    Ray pass for a whole group of tasks) and the metrics look rows up by text."""
+
+    def __init__(self, sentences: Sequence[str], embeddings: np.ndarray) -> None:
+        self.row = {s: i for i, s in enumerate(sentences)}
+        if len(self.row) != len(sentences):
+            raise ValueError("EmbeddingLookup needs distinct sentences")
+        self.embeddings = np.asarray(embeddings)  # (n, d)
+        if self.embeddings.shape[0] != len(sentences):
+            raise ValueError(
+                f"{len(sentences)} sentences but {self.embeddings.shape[0]} embedding rows"
+            )
+
+    @classmethod
+    def encode_all(
+        cls, sentences: Sequence[str], encode: Callable[[list[str]], np.ndarray]
+    ) -> EmbeddingLookup:
+        distinct = list(dict.fromkeys(sentences))
+        return cls(distinct, encode(distinct))
+
+    def __call__(self, sentences: list[str]) -> np.ndarray:
+        try:
+            rows = [self.row[s] for s in sentences]
+        except KeyError as err:
+            raise KeyError(f"sentence was not encoded beforehand: {err.args[0]!r}") from None
+        return self.embeddings[rows]  # (len(sentences), d)

@@ -72,3 +72,51 @@ def sts_spearman(encode: Encoder, data: StsData) -> float:
     """
     embeddings1, embeddings2 = encode_pairs(encode, data)
     return spearman_of_embeddings(embeddings1, embeddings2, data.scores)
+
+
+def aggregate_subsets(
+    names: list[str], system_scores: list[np.ndarray], gold_scores: list[np.ndarray]
+) -> dict:
+    """STS12–16 summary over subsets, in the three ways SentEval/SimCSE report it.
+
+    - ``all``: Spearman of all subsets' pairs concatenated (pooled) — SimCSE's tables;
+    - ``mean``: plain mean of the subsets' Spearman (SentEval's "ALL (average)");
+    - ``wmean``: mean weighted by subset size (SentEval's "ALL (weighted average)").
+    All × 100, plus per-subset Spearman and sizes.
+    """
+    if not (len(names) == len(system_scores) == len(gold_scores)) or not names:
+        raise ValueError("need one name, system-score and gold-score array per subset")
+    per_subset = {
+        name: {"spearman": spearman_x100(system, gold), "n": len(gold)}
+        for name, system, gold in zip(names, system_scores, gold_scores, strict=True)
+    }
+    spearmans = np.array([r["spearman"] for r in per_subset.values()])
+    sizes = np.array([r["n"] for r in per_subset.values()])
+    return {
+        "all": spearman_x100(np.concatenate(system_scores), np.concatenate(gold_scores)),
+        "mean": float(spearmans.mean()),
+        "wmean": float(np.average(spearmans, weights=sizes)),
+        "n": int(sizes.sum()),
+        "subsets": per_subset,
+    }
+
+
+def sts_subsets_spearman(encode: Encoder, subsets: list[StsData]) -> dict:
+    """Encode every subset (one `encode` call) and aggregate (see :func:`aggregate_subsets`)."""
+    merged = StsData(
+        [s for d in subsets for s in d.sentences1],
+        [s for d in subsets for s in d.sentences2],
+        np.concatenate([d.scores for d in subsets]),
+        "merged",
+    )
+    embeddings1, embeddings2 = encode_pairs(encode, merged)  # (N, d) each
+    cosines = pair_cosines(embeddings1, embeddings2)  # (N,)
+    bounds = np.cumsum([len(d) for d in subsets])[:-1]
+    result = aggregate_subsets(
+        [d.name.split("/")[-1] for d in subsets],
+        np.split(cosines, bounds),
+        [d.scores for d in subsets],
+    )
+    for data in subsets:
+        result["subsets"][data.name.split("/")[-1]]["n_unscored"] = data.n_unscored
+    return result

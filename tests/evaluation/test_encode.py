@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from distributed_emb.evaluation.encode import (
+    EmbeddingLookup,
     SentenceEmbedder,
     default_cpus_per_actor,
     local_encode,
@@ -59,3 +60,17 @@ def test_ray_encode_equals_local_encode(tiny_bert_path, ray_local, concurrency):
 def test_make_encoder_rejects_ray_options_without_ray(tiny_bert_path):
     with pytest.raises(ValueError, match="Ray options"):
         make_encoder(tiny_bert_path, use_ray=False, concurrency=2)
+
+
+def test_embedding_lookup_encodes_each_distinct_sentence_once():
+    calls = []
+
+    def encode(sentences):
+        calls.append(list(sentences))
+        return np.array([[len(s), 1.0] for s in sentences])
+
+    lookup = EmbeddingLookup.encode_all(["aa", "b", "aa", "cccc"], encode)
+    assert calls == [["aa", "b", "cccc"]]
+    assert lookup(["cccc", "aa", "aa"]).tolist() == [[4, 1], [2, 1], [2, 1]]
+    with pytest.raises(KeyError, match="not encoded"):
+        lookup(["zz"])

@@ -7,7 +7,13 @@ import pytest
 from scipy.stats import rankdata
 
 from distributed_emb.evaluation.senteval_data import StsData, read_sts_benchmark
-from distributed_emb.evaluation.sts import pair_cosines, spearman_of_embeddings, sts_spearman
+from distributed_emb.evaluation.sts import (
+    aggregate_subsets,
+    pair_cosines,
+    spearman_of_embeddings,
+    sts_spearman,
+    sts_subsets_spearman,
+)
 
 
 def _plain_spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -63,3 +69,35 @@ def test_minilm_mean_pooling_stsb_test_is_published_figure(minilm_path, senteval
     assert len(data) == 1379
     score = sts_spearman(lambda s: model.encode(s, batch_size=64), data)
     assert score == pytest.approx(82.03, abs=0.05)
+
+
+def test_pooled_mean_and_weighted_mean_on_hand_made_numbers():
+    # Subset A: perfectly ranked (ρ = 1). Subset B: perfectly reversed (ρ = −1), twice as big.
+    # Pooled ranks all 9 pairs together, which neither average reproduces.
+    system_a, gold_a = np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 3.0])
+    system_b, gold_b = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4]), np.arange(6.0)
+    result = aggregate_subsets(["A", "B"], [system_a, system_b], [gold_a, gold_b])
+    assert result["subsets"]["A"] == {"spearman": pytest.approx(100.0), "n": 3}
+    assert result["subsets"]["B"]["spearman"] == pytest.approx(-100.0)
+    assert result["mean"] == pytest.approx(0.0)
+    assert result["wmean"] == pytest.approx((3 * 100 - 6 * 100) / 9)
+    pooled = _plain_spearman(np.r_[system_a, system_b], np.r_[gold_a, gold_b])
+    assert result["all"] == pytest.approx(pooled)
+    assert result["all"] != pytest.approx(result["mean"]) and result["n"] == 9
+
+
+def test_sts_subsets_spearman_splits_subsets_back():
+    def encode(sentences):
+        return np.array([[float(s), 1.0] for s in sentences])
+
+    a = StsData(["1", "2", "3"], ["1", "-2", "3"], np.array([5.0, 0.0, 4.0]), "Y/a")
+    b = StsData(["4", "5"], ["-4", "5"], np.array([0.0, 5.0]), "Y/b", n_unscored=2)
+    result = sts_subsets_spearman(encode, [a, b])
+    assert set(result["subsets"]) == {"a", "b"}
+    assert result["subsets"]["a"]["spearman"] == pytest.approx(sts_spearman(encode, a))
+    assert result["subsets"]["b"] == {"spearman": pytest.approx(100.0), "n": 2, "n_unscored": 2}
+    cos = np.r_[
+        pair_cosines(encode(a.sentences1), encode(a.sentences2)),
+        pair_cosines(encode(b.sentences1), encode(b.sentences2)),
+    ]
+    assert result["all"] == pytest.approx(_plain_spearman(cos, np.r_[a.scores, b.scores]))

@@ -1,0 +1,286 @@
+"""The evaluation suite: which tasks exist, where their data is, and running them.
+
+Tasks come in groups (``sts``, ``transfer``, ``retrieval``, ``geometry``). For each group the
+suite reads every present task, embeds the group's distinct sentences in one pass (a Ray Data
+actor pool by default), then scores each task from those embeddings. A task whose files are
+all absent from the SentEval directory is skipped and listed; a task that is present but
+malformed raises, naming the file and line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distributed_emb.config import ConfigError, RayConfig
+from distributed_emb.evaluation import senteval_data as sd
+from distributed_emb.evaluation.encode import EmbeddingLookup, make_encoder
+from distributed_emb.evaluation.geometry import sts_geometry
+from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
+from distributed_emb.evaluation.sts import sts_spearman, sts_subsets_spearman
+from distributed_emb.evaluation.transfer import (
+    TransferConfig,
+    evaluate_binary,
+    evaluate_mrpc,
+    evaluate_sst2,
+    evaluate_trec,
+)
+
+log = logging.getLogger(__name__)
+
+Encoder = Callable[[list[str]], np.ndarray]
+
+STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+RETRIEVAL_TASKS = ("STSBenchmark-retrieval",)
+GEOMETRY_TASKS = ("STSBenchmark-geometry",)
+GROUPS: dict[str, tuple[str, ...]] = {
+    "sts": STS_TASKS,
+    "transfer": TRANSFER_TASKS,
+    "retrieval": RETRIEVAL_TASKS,
+    "geometry": GEOMETRY_TASKS,
+}
+
+
+@dataclass
+class EncodeSettings:
+    pooler: str | None = None  # None: a SentenceTransformer dir as saved; else cls_before_pooler
+    batch_size: int = 128
+    max_seq_length: int | None = None
+    use_ray: bool = True  # False: encode in this process (small runs)
+    concurrency: int = 1  # encoding actors
+    num_cpus_per_actor: float | None = None  # None: leave one CPU for Ray Data's tasks
+    num_gpus_per_actor: float | None = None  # None: 1 if the cluster has enough GPUs
+    torch_threads: int | None = None  # None: Ray's per-actor default
+
+
+@dataclass
+class RetrievalSettings:
+    threshold: float = 4.0  # STS-B test pairs scored >= this are (query, positive)
+    ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+
+
+@dataclass
+class EvaluationConfig:
+    model: str | None = None  # None: the packaged all-MiniLM-L6-v2
+    senteval_dir: str | None = None  # None: the shipped STS-B-only directory
+    tasks: list[str] = field(default_factory=lambda: ["all"])
+    output: str | None = None  # results JSON
+    encode: EncodeSettings = field(default_factory=EncodeSettings)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def validate(self) -> None:
+        from distributed_emb.model.sentence_transformer import POOLERS
+
+        if self.model is not None and not Path(self.model).is_dir():
+            raise ConfigError(f"model: {self.model} is not a model directory")
+        if self.senteval_dir is not None and not Path(self.senteval_dir).is_dir():
+            raise ConfigError(f"senteval_dir: {self.senteval_dir} is not a directory")
+        if self.encode.pooler is not None and self.encode.pooler not in POOLERS:
+            raise ConfigError(f"encode.pooler: {self.encode.pooler!r} is not one of {POOLERS}")
+        if self.encode.batch_size < 1:
+            raise ConfigError("encode.batch_size: must be >= 1")
+        if self.encode.concurrency < 1:
+            raise ConfigError("encode.concurrency: must be >= 1")
+        if not self.retrieval.ks or min(self.retrieval.ks) < 1:
+            raise ConfigError("retrieval.ks: need at least one k >= 1")
+        try:
+            resolve_tasks(self.tasks)
+        except ValueError as err:
+            raise ConfigError(f"tasks: {err}") from None
+
+
+def resolve_tasks(names: list[str]) -> dict[str, list[str]]:
+    """Group and task names (``all``, ``sts``, ``MR``, ...) → {group: [tasks]} in table order."""
+    wanted: set[str] = set()
+    every = {t for tasks in GROUPS.values() for t in tasks}
+    for raw in names:
+        for name in (n.strip() for n in raw.split(",")):
+            if not name:
+                continue
+            if name == "all":
+                wanted |= every
+            elif name in GROUPS:
+                wanted |= set(GROUPS[name])
+            elif name in every:
+                wanted.add(name)
+            else:
+                raise ValueError(
+                    f"unknown task {name!r}; expected all, {', '.join(GROUPS)} or one of "
+                    f"{', '.join(sorted(every))}"
+                )
+    if not wanted:
+        raise ValueError("no tasks selected")
+    selected = {g: [t for t in tasks if t in wanted] for g, tasks in GROUPS.items()}
+    return {g: tasks for g, tasks in selected.items() if tasks}
+
+
+# --- one entry per task: files it needs, how to read it, its sentences, how to score it -----
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    needed: list[str]  # files (relative to the SentEval dir) that must all be present
+    load: Callable[[str], Any]
+    sentences: Callable[[Any], list[str]]
+    run: Callable[[Encoder, Any, EvaluationConfig], dict]
+
+
+def _pairs_sentences(data) -> list[str]:
+    return list(data.sentences1) + list(data.sentences2)
+
+
+def _sts_single(encode: Encoder, data: sd.StsData, _config) -> dict:
+    return {"spearman": sts_spearman(encode, data), "n": len(data)}
+
+
+def _task_specs() -> dict[str, TaskSpec]:
+    stsb_test = ["STS/STSBenchmark/sts-test.csv"]
+    specs: dict[str, TaskSpec] = {
+        year: TaskSpec(
+            needed=sd.task_files(year),
+            load=lambda d, year=year: sd.read_sts_year(d, year),
+            sentences=lambda subsets: [s for x in subsets for s in _pairs_sentences(x)],
+            run=lambda enc, subsets, _c: sts_subsets_spearman(enc, subsets),
+        )
+        for year in sd.STS_YEAR_SUBSETS
+    }
+    specs["STSBenchmark"] = TaskSpec(
+        stsb_test, lambda d: sd.read_sts_benchmark(d, "test"), _pairs_sentences, _sts_single
+    )
+    specs["SICKRelatedness"] = TaskSpec(
+        [f"SICK/{sd.SICK_FILES['test']}"],
+        lambda d: sd.read_sick_relatedness(d, "test"),
+        _pairs_sentences,
+        _sts_single,
+    )
+    for task in sd.BINARY_TASK_FILES:
+        specs[task] = TaskSpec(
+            sd.task_files(task),
+            lambda d, task=task: sd.read_binary_task(d, task),
+            lambda data: list(data.sentences),
+            lambda enc, data, c: evaluate_binary(enc, data, c.transfer),
+        )
+    specs["SST2"] = TaskSpec(
+        sd.task_files("SST2"),
+        lambda d: tuple(sd.read_sst2(d, s) for s in ("train", "dev", "test")),
+        lambda parts: [s for p in parts for s in p.sentences],
+        lambda enc, parts, c: evaluate_sst2(enc, *parts, c.transfer),
+    )
+    specs["TREC"] = TaskSpec(
+        sd.task_files("TREC"),
+        lambda d: (sd.read_trec(d, "train"), sd.read_trec(d, "test")),
+        lambda parts: [s for p in parts for s in p.sentences],
+        lambda enc, parts, c: evaluate_trec(enc, *parts, c.transfer),
+    )
+    specs["MRPC"] = TaskSpec(
+        sd.task_files("MRPC"),
+        lambda d: (sd.read_mrpc(d, "train"), sd.read_mrpc(d, "test")),
+        lambda parts: [s for p in parts for s in _pairs_sentences(p)],
+        lambda enc, parts, c: evaluate_mrpc(enc, *parts, c.transfer),
+    )
+    specs["STSBenchmark-retrieval"] = TaskSpec(
+        stsb_test,
+        lambda d: sd.read_sts_benchmark(d, "test"),
+        _pairs_sentences,
+        lambda enc, data, c: evaluate_retrieval(
+            enc, sts_retrieval_task(data, c.retrieval.threshold), c.retrieval.ks
+        ),
+    )
+    specs["STSBenchmark-geometry"] = TaskSpec(
+        stsb_test,
+        lambda d: sd.read_sts_benchmark(d, "test"),
+        _pairs_sentences,
+        lambda enc, data, c: sts_geometry(enc, data, c.retrieval.threshold),
+    )
+    return specs
+
+
+TASK_SPECS = _task_specs()
+
+
+def run_group(
+    group: str, tasks: list[str], senteval_dir: str, encode: Encoder, config: EvaluationConfig
+) -> dict:
+    """Read, embed (one pass) and score one group's tasks; skip absent ones."""
+    started = time.perf_counter()
+    results: dict[str, dict] = {}
+    skipped: list[dict] = []
+    loaded: dict[str, Any] = {}
+    for task in tasks:
+        spec = TASK_SPECS[task]
+        if not sd.task_present(senteval_dir, task, spec.needed):
+            reason = f"no data in {senteval_dir} (expected {spec.needed[0]} ...)"
+            log.warning("skipping %s: %s", task, reason)
+            skipped.append({"task": task, "reason": reason})
+            continue
+        loaded[task] = spec.load(senteval_dir)
+    read_s = time.perf_counter() - started
+    timings: dict[str, float] = {"read_s": read_s}
+    if loaded:
+        sentences = [s for t, data in loaded.items() for s in TASK_SPECS[t].sentences(data)]
+        start = time.perf_counter()
+        lookup = EmbeddingLookup.encode_all(sentences, encode)
+        timings["encode_s"] = time.perf_counter() - start
+        timings["n_sentences_encoded"] = len(lookup.row)
+        log.info(
+            "%s: embedded %d distinct sentences in %.1f s",
+            group,
+            len(lookup.row),
+            timings["encode_s"],
+        )
+        for task, data in loaded.items():
+            start = time.perf_counter()
+            results[task] = TASK_SPECS[task].run(lookup, data, config)
+            results[task]["wall_s"] = time.perf_counter() - start
+            log.info("%s done in %.1f s", task, results[task]["wall_s"])
+    timings["total_s"] = time.perf_counter() - started
+    return {"results": results, "skipped": skipped, "timing": timings}
+
+
+def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
+    """Run the configured tasks; returns the JSON-ready results (see docs/EVALUATION.md)."""
+    from distributed_emb.paths import default_model_path, shipped_senteval_dir
+
+    config.validate()
+    model = config.model or default_model_path()
+    senteval_dir = config.senteval_dir or shipped_senteval_dir()
+    if encode is None:
+        e = config.encode
+        ray_options = (
+            {
+                "concurrency": e.concurrency,
+                "num_cpus_per_actor": e.num_cpus_per_actor,
+                "num_gpus_per_actor": e.num_gpus_per_actor,
+                "torch_threads": e.torch_threads,
+            }
+            if e.use_ray
+            else {}
+        )
+        encode = make_encoder(
+            model, e.pooler, e.batch_size, e.max_seq_length, use_ray=e.use_ray, **ray_options
+        )
+    started = time.perf_counter()
+    output: dict[str, Any] = {
+        "model": model,
+        "pooler": config.encode.pooler,
+        "senteval_dir": senteval_dir,
+        "config": asdict(config),
+        "skipped": [],
+        "wall_time_s": {},
+    }
+    for group, tasks in resolve_tasks(config.tasks).items():
+        part = run_group(group, tasks, senteval_dir, encode, config)
+        output[group] = part["results"]
+        output["skipped"].extend(part["skipped"])
+        output["wall_time_s"][group] = part["timing"]
+    output["wall_time_s"]["total_s"] = time.perf_counter() - started
+    return output

@@ -1,0 +1,128 @@
+"""The suite: task selection, skipping absent data, errors for broken data, table and JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distributed_emb.config import ConfigError
+from distributed_emb.evaluation.report import format_results, write_results
+from distributed_emb.evaluation.senteval_data import SentEvalDataError
+from distributed_emb.evaluation.suite import EvaluationConfig, evaluate, resolve_tasks
+from distributed_emb.evaluation.transfer import TransferConfig
+from distributed_emb.paths import shipped_senteval_dir
+
+
+def hashed_encoder(calls: list[int] | None = None):
+    """A fast stand-in encoder: a fixed pseudo-random vector per distinct sentence."""
+
+    def encode(sentences):
+        if calls is not None:
+            calls.append(len(sentences))
+        rows = []
+        for s in sentences:
+            seed = int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
+            rows.append(np.random.default_rng(seed).normal(size=16))
+        return np.array(rows)
+
+    return encode
+
+
+def test_resolve_tasks_groups_names_and_comma_lists():
+    assert resolve_tasks(["sts"]) == {
+        "sts": ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+    }
+    assert resolve_tasks(["MRPC,STS12", "retrieval"]) == {
+        "sts": ["STS12"],
+        "transfer": ["MRPC"],
+        "retrieval": ["STSBenchmark-retrieval"],
+    }
+    assert set(resolve_tasks(["all"])) == {"sts", "transfer", "retrieval", "geometry"}
+    with pytest.raises(ValueError, match="unknown task 'STS17'"):
+        resolve_tasks(["STS17"])
+
+
+def test_config_validation_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="tasks: unknown task"):
+        EvaluationConfig(tasks=["sts,bogus"]).validate()
+    with pytest.raises(ConfigError, match="encode.pooler"):
+        _bad_pooler().validate()
+    with pytest.raises(ConfigError, match="model:"):
+        EvaluationConfig(model=str(tmp_path / "nope")).validate()
+
+
+def _bad_pooler() -> EvaluationConfig:
+    config = EvaluationConfig()
+    config.encode.pooler = "max"
+    return config
+
+
+def _tiny_senteval(tmp_path: Path) -> Path:
+    """STS-B (shipped copy) plus a small MR; everything else absent."""
+    root = tmp_path / "downstream"
+    shutil.copytree(shipped_senteval_dir(), root)
+    (root / "MR").mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("rt-polarity.pos", "rt-polarity.neg"):
+        words = [" ".join(f"w{int(i)}" for i in rng.integers(0, 50, size=6)) for _ in range(40)]
+        (root / "MR" / name).write_text("\n".join(words) + "\n", encoding="latin-1")
+    return root
+
+
+def test_evaluate_skips_absent_tasks_and_reports_present_ones(tmp_path):
+    root = _tiny_senteval(tmp_path)
+    config = EvaluationConfig(
+        senteval_dir=str(root),
+        tasks=["sts", "MR", "SST2", "retrieval", "geometry"],
+        transfer=TransferConfig(kfold=2, inner_kfold_c=(1.0,), kfold_c=(1.0,)),
+    )
+    calls: list[int] = []
+    output = evaluate(config, encode=hashed_encoder(calls))
+    assert set(output["sts"]) == {"STSBenchmark"}
+    assert set(output["transfer"]) == {"MR"} and output["transfer"]["MR"]["n"] == 80
+    skipped = {s["task"] for s in output["skipped"]}
+    assert skipped == {"STS12", "STS13", "STS14", "STS15", "STS16", "SICKRelatedness", "SST2"}
+    # One encoding pass per group that has data: sts, transfer, retrieval, geometry.
+    assert len(calls) == 4
+    # A random encoder knows nothing: STS-B near 0, not near the real model's 82.
+    assert abs(output["sts"]["STSBenchmark"]["spearman"]) < 10
+    assert output["retrieval"]["STSBenchmark-retrieval"]["n_queries"] > 100
+    assert set(output["wall_time_s"]) == {"sts", "transfer", "retrieval", "geometry", "total_s"}
+
+    table = format_results(output)
+    assert re.search(r"STS12\s+STS13.*STS-B\s+SICK-R\s+Avg\.", table)
+    assert "(Avg. over the 1 of 7 tasks present)" in table
+    assert "SST2: no data in" in table
+
+    path = tmp_path / "out" / "results.json"
+    write_results(output, path)
+    saved = json.loads(path.read_text())
+    assert saved["sts"]["STSBenchmark"]["spearman"] == pytest.approx(
+        output["sts"]["STSBenchmark"]["spearman"]
+    )
+    assert saved["config"]["transfer"]["kfold"] == 2
+
+
+def test_present_but_malformed_task_raises_with_file_and_line(tmp_path):
+    root = _tiny_senteval(tmp_path)
+    path = root / "STS/STSBenchmark/sts-test.csv"
+    lines = path.read_text().split("\n")
+    lines[9] = "g\tf\t2012\t1\tbad\tA.\tB."
+    path.write_text("\n".join(lines))
+    config = EvaluationConfig(senteval_dir=str(root), tasks=["STSBenchmark"])
+    with pytest.raises(SentEvalDataError, match=re.escape(f"{path}:10:")):
+        evaluate(config, encode=hashed_encoder())
+
+
+def test_incomplete_task_is_an_error_not_a_skip(tmp_path):
+    root = _tiny_senteval(tmp_path)
+    (root / "MR/rt-polarity.neg").unlink()
+    config = EvaluationConfig(senteval_dir=str(root), tasks=["MR"])
+    with pytest.raises(SentEvalDataError, match="incomplete.*rt-polarity.neg"):
+        evaluate(config, encode=hashed_encoder())
