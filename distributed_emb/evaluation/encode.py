@@ -215,7 +215,7 @@ class EmbeddingLookup:
     Ray pass for a whole group of tasks) and the metrics look rows up by text."""
 
     def __init__(self, sentences: Sequence[str], embeddings: np.ndarray) -> None:
-        self.row = {s: i for i, s in enumerate(sentences)}
+        self.row: dict[str, int] = {s: i for i, s in enumerate(sentences)}
         if len(self.row) != len(sentences):
             raise ValueError("EmbeddingLookup needs distinct sentences")
         self.embeddings = np.asarray(embeddings)  # (n, d)
@@ -230,6 +230,21 @@ class EmbeddingLookup:
     ) -> EmbeddingLookup:
         distinct = list(dict.fromkeys(sentences))
         return cls(distinct, encode(distinct))
+
+    def extend(self, sentences: Sequence[str], encode: Callable[[list[str]], np.ndarray]) -> int:
+        """Embed the sentences not yet in the table (one `encode` call); returns how many."""
+        new = [s for s in dict.fromkeys(sentences) if s not in self.row]
+        if new:
+            embeddings = np.asarray(encode(new))  # (len(new), d)
+            if embeddings.shape[0] != len(new):
+                raise ValueError(f"{len(new)} sentences but {embeddings.shape[0]} embeddings")
+            if len(self.row) == 0:
+                self.embeddings = embeddings
+            else:
+                self.embeddings = np.concatenate([self.embeddings, embeddings])
+            for s in new:
+                self.row[s] = len(self.row)
+        return len(new)
 
     def __call__(self, sentences: list[str]) -> np.ndarray:
         try:

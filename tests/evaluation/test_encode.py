@@ -74,3 +74,18 @@ def test_embedding_lookup_encodes_each_distinct_sentence_once():
     assert lookup(["cccc", "aa", "aa"]).tolist() == [[4, 1], [2, 1], [2, 1]]
     with pytest.raises(KeyError, match="not encoded"):
         lookup(["zz"])
+
+
+def test_embedding_lookup_extend_embeds_only_new_sentences():
+    calls = []
+
+    def encode(sentences):
+        calls.append(list(sentences))
+        return np.array([[len(s), 0.0] for s in sentences])
+
+    lookup = EmbeddingLookup([], np.zeros((0, 0)))
+    assert lookup.extend(["a", "bb", "a"], encode) == 2
+    assert lookup.extend(["bb", "ccc"], encode) == 1
+    assert lookup.extend(["ccc"], encode) == 0
+    assert calls == [["a", "bb"], ["ccc"]]
+    assert lookup(["ccc", "a", "bb"]).tolist() == [[3, 0], [1, 0], [2, 0]]
