@@ -1,0 +1,294 @@
+"""InfoCSE rounds: annotate → train on the mined pairs → evaluate → repeat until the dev score
+stops rising; keep and export the best round's model.
+
+Round r annotates the documents with round r−1's model (round 1: the initial model), trains
+a copy of the same model on the pairs with the core trainer (in-batch and cross-worker
+negatives, same-document negatives masked), and scores STS-B dev and an STS-B-dev retrieval
+set. InfoCSE++ adds a supervised fine-tuning step on labelled pairs after each round.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from distributed_emb.infocse.config import InfoCSEConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    stage: str  # "initial", "infocse" or "supervised"
+    model_dir: str
+    pairs: int = 0
+    documents_with_pairs: int = 0
+    overlap_with_previous: float | None = None  # Jaccard of the two rounds' pair sets
+    stsb_dev: float | None = None
+    retrieval_mrr: float | None = None
+    retrieval_recall_at_1: float | None = None
+    train_steps: int = 0
+    annotate_s: float = 0.0
+    train_s: float = 0.0
+
+
+def evaluate_dev(model_dir: str, config: InfoCSEConfig) -> dict:
+    """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process)."""
+    from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
+    from distributed_emb.evaluation.senteval_data import read_sts_benchmark
+    from distributed_emb.evaluation.sts import sts_spearman
+    from distributed_emb.model.sentence_transformer import load_sentence_transformer
+    from distributed_emb.paths import shipped_senteval_dir
+
+    training = config.training
+    dev = read_sts_benchmark(training.eval.senteval_dir or shipped_senteval_dir(), "dev")
+    if training.eval.max_pairs is not None:
+        from distributed_emb.evaluation.senteval_data import StsData
+
+        n = training.eval.max_pairs
+        dev = StsData(dev.sentences1[:n], dev.sentences2[:n], dev.scores[:n], dev.name)
+    pooler = None if _is_sentence_transformer(model_dir) else training.model.pooler
+    model = load_sentence_transformer(
+        model_dir, pooler=pooler, max_seq_length=training.model.max_seq_length, device="cpu"
+    )
+
+    def encode(sentences):
+        return model.encode(sentences, batch_size=training.eval.batch_size)
+
+    retrieval = evaluate_retrieval(
+        encode, sts_retrieval_task(dev, config.rounds.retrieval_threshold)
+    )
+    return {
+        "stsb_dev": sts_spearman(encode, dev),
+        "retrieval_mrr": retrieval["mrr"],
+        "retrieval_recall_at_1": retrieval["recall@1"],
+    }
+
+
+def _is_sentence_transformer(path: str) -> bool:
+    return (Path(path) / "modules.json").is_file()
+
+
+def _train(
+    config: InfoCSEConfig,
+    model_dir: str,
+    pairs_path: str,
+    output_dir: str,
+    overrides: dict | None = None,
+):
+    """One core-trainer run on a pairs Parquet file, starting from `model_dir`."""
+    from distributed_emb.train.trainer import run_training
+
+    training = copy.deepcopy(config.training)
+    training.model.path = model_dir
+    training.data.path = pairs_path
+    training.data.format = "parquet"
+    training.data.kind = "pairs"
+    training.data.group_column = "doc_id"
+    training.data.shuffle_seed = None  # keep the document-spreading arrangement
+    training.output.dir = output_dir
+    training.output.run_name = Path(output_dir).name
+    for section_key, value in (overrides or {}).items():
+        section, key = section_key.split(".")
+        setattr(getattr(training, section), key, value)
+    return run_training(training)
+
+
+def _arranged_pairs_file(
+    pairs_dir: str, batch_size: int, seed: int, path: Path
+) -> tuple[list, int]:
+    """Order the mined pairs so each batch spreads over documents; write one Parquet file."""
+    from distributed_emb.infocse.pairs import arrange_pairs, read_pairs
+
+    pairs = read_pairs(pairs_dir)
+    ordered, arrangement = arrange_pairs(pairs, batch_size, seed)
+    pq.write_table(pa.Table.from_pylist(ordered), path)
+    log.info(
+        "arranged %d pairs in %d batches (%d batches repeat a document)",
+        len(pairs),
+        arrangement.num_batches,
+        arrangement.batches_with_repeats,
+    )
+    return pairs, arrangement.batches_with_repeats
+
+
+def supervised_pairs_file(config: InfoCSEConfig, path: Path) -> int:
+    """InfoCSE++ labelled positives: train pairs with gold score ≥ threshold, each its own group."""
+    from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
+    from distributed_emb.paths import shipped_senteval_dir
+
+    senteval = config.training.eval.senteval_dir or shipped_senteval_dir()
+    s = config.supervised
+    data = (
+        read_sts_benchmark(senteval, "train")
+        if s.source == "stsb"
+        else read_sick_relatedness(senteval, "train")
+    )
+    keep = [i for i, score in enumerate(data.scores) if score >= s.score_threshold]
+    table = pa.table(
+        {
+            "anchor": [data.sentences1[i] for i in keep],
+            "positive": [data.sentences2[i] for i in keep],
+            "doc_id": [f"{s.source}-{i}" for i in keep],
+        }
+    )
+    pq.write_table(table, path)
+    return len(keep)
+
+
+def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
+    from distributed_emb.data.documents import read_documents
+    from distributed_emb.infocse.annotate import annotate_documents
+    from distributed_emb.infocse.pairs import pair_overlap
+
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    corpus = read_documents(config.documents)
+    initial = config.training.model_path
+    records = [RoundRecord(0, "initial", initial, **_dev_fields(evaluate_dev(initial, config)))]
+    _print_row(records[-1])
+    best = records[0]
+    current_model, previous_pairs, rounds_without_gain = initial, None, 0
+
+    for index in range(1, config.rounds.max_rounds + 1):
+        round_dir = output / f"round_{index}"
+        if round_dir.exists():
+            shutil.rmtree(round_dir)  # a rerun of the same output dir starts the round afresh
+        round_dir.mkdir(parents=True)
+        annotation = annotate_documents(
+            corpus.dataset, current_model, str(round_dir / "pairs"), index, config.annotation
+        )
+        pairs_file = round_dir / "pairs_arranged.parquet"
+        pairs, _ = _arranged_pairs_file(
+            str(round_dir / "pairs"),
+            config.training.train.batch_size,
+            config.training.train.seed + index,
+            pairs_file,
+        )
+        overlap = (
+            pair_overlap(previous_pairs, pairs).jaccard if previous_pairs is not None else None
+        )
+        result = _train(config, current_model, str(pairs_file), str(round_dir / "train"))
+        record = RoundRecord(
+            index,
+            "infocse",
+            result.model_dir,
+            pairs=annotation.counts.pairs,
+            documents_with_pairs=annotation.counts.documents
+            - annotation.counts.documents_without_pairs,
+            overlap_with_previous=overlap,
+            train_steps=result.metrics.get("steps") or 0,
+            annotate_s=round(annotation.wall_seconds, 1),
+            train_s=result.metrics.get("wall_time_s") or 0.0,
+            **_dev_fields(evaluate_dev(result.model_dir, config)),
+        )
+        records.append(record)
+        _print_row(record)
+        if config.supervised.enabled:
+            record = _supervised_round(config, index, result.model_dir, round_dir)
+            records.append(record)
+            _print_row(record)
+        current_model, previous_pairs = record.model_dir, pairs
+        if record.stsb_dev > best.stsb_dev + config.rounds.min_improvement:
+            best, rounds_without_gain = record, 0
+        else:
+            rounds_without_gain += 1
+            if rounds_without_gain >= config.rounds.patience:
+                log.warning(
+                    "STS-B dev stopped rising (best %.2f at round %d): stopping",
+                    best.stsb_dev,
+                    best.round,
+                )
+                break
+        _save(records, best, output)
+
+    _export_best(best, output, config)
+    _save(records, best, output)
+    return records
+
+
+def _supervised_round(config: InfoCSEConfig, index: int, model_dir: str, round_dir: Path):
+    pairs_file = round_dir / "supervised_pairs.parquet"
+    count = supervised_pairs_file(config, pairs_file)
+    s = config.supervised
+    result = _train(
+        config,
+        model_dir,
+        str(pairs_file),
+        str(round_dir / "supervised"),
+        {"train.max_steps": s.max_steps, "train.learning_rate": s.learning_rate},
+    )
+    return RoundRecord(
+        index,
+        "supervised",
+        result.model_dir,
+        pairs=count,
+        train_steps=result.metrics.get("steps") or 0,
+        train_s=result.metrics.get("wall_time_s") or 0.0,
+        **_dev_fields(evaluate_dev(result.model_dir, config)),
+    )
+
+
+def _dev_fields(scores: dict) -> dict:
+    return {k: scores[k] for k in ("stsb_dev", "retrieval_mrr", "retrieval_recall_at_1")}
+
+
+def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None:
+    target = output / "model"
+    if target.exists():
+        shutil.rmtree(target)
+    if best.stage == "initial" and not _is_sentence_transformer(best.model_dir):
+        from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
+        load_sentence_transformer(
+            best.model_dir,
+            pooler=config.training.model.pooler,
+            max_seq_length=config.training.model.max_seq_length,
+        ).save(str(target))
+    else:
+        shutil.copytree(best.model_dir, target)
+    log.warning(
+        "best: round %d (%s), STS-B dev %.2f → exported to %s",
+        best.round,
+        best.stage,
+        best.stsb_dev,
+        target,
+    )
+
+
+HEADER = (
+    f"{'round':>5} {'stage':>10} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
+    f"{'MRR':>6} {'R@1':>6} {'steps':>5} {'annot s':>7} {'train s':>7}"
+)
+
+
+def format_row(r: RoundRecord) -> str:
+    overlap = "-" if r.overlap_with_previous is None else f"{r.overlap_with_previous:.3f}"
+    return (
+        f"{r.round:>5} {r.stage:>10} {r.pairs:>7} {overlap:>8} {r.stsb_dev:>9.2f} "
+        f"{r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} {r.train_steps:>5} "
+        f"{r.annotate_s:>7.0f} {r.train_s:>7.0f}"
+    )
+
+
+def format_table(records: list[RoundRecord]) -> str:
+    return "\n".join([HEADER] + [format_row(r) for r in records])
+
+
+def _print_row(record: RoundRecord) -> None:
+    log.warning("InfoCSE %s", format_row(record))
+
+
+def _save(records: list[RoundRecord], best: RoundRecord, output: Path) -> None:
+    (output / "rounds.json").write_text(
+        json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2)
+    )
+    (output / "rounds.md").write_text(format_table(records) + "\n")
