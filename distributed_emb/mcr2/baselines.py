@@ -1,0 +1,49 @@
+"""Training-free projections to the same sizes as the MCR² heads, for the comparison table.
+
+Each is fit on the same training embeddings the heads see:
+- ``pca``: principal components (mean-centred, not whitened), scikit-learn ``PCA``;
+- ``random``: a Gaussian random projection (Johnson–Lindenstrauss), scikit-learn
+  ``GaussianRandomProjection``;
+- ``full``: the uncompressed encoder vectors (identity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+Projection = Callable[[np.ndarray], np.ndarray]
+
+
+def fit_pca(train: np.ndarray, dim: int, seed: int = 0) -> Projection:
+    from sklearn.decomposition import PCA
+
+    if dim > min(train.shape):
+        raise ValueError(
+            f"PCA to {dim} dims needs at least {dim} training vectors of ≥ {dim} dims; "
+            f"got {train.shape}"
+        )
+    pca = PCA(n_components=dim, random_state=seed).fit(train)  # train: (n, D)
+    return lambda x: pca.transform(x).astype(np.float32)  # (m, dim)
+
+
+def fit_random_projection(train: np.ndarray, dim: int, seed: int = 0) -> Projection:
+    from sklearn.random_projection import GaussianRandomProjection
+
+    projection = GaussianRandomProjection(n_components=dim, random_state=seed).fit(train)
+    return lambda x: projection.transform(x).astype(np.float32)  # (m, dim)
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def fit_baseline(name: str, train: np.ndarray, dim: int, seed: int = 0) -> Projection:
+    if name == "pca":
+        return fit_pca(train, dim, seed)
+    if name == "random":
+        return fit_random_projection(train, dim, seed)
+    if name == "full":
+        return identity
+    raise ValueError(f"unknown baseline {name!r}; expected pca, random or full")

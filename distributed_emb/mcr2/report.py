@@ -1,0 +1,58 @@
+"""The comparison table: output sizes × methods × {STS-B dev, STS avg, transfer avg, retrieval}."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from distributed_emb.evaluation.report import headline
+
+COLUMNS = (
+    ("stsb_dev", "STS-B dev"),
+    ("stsb_test", "STS-B test"),
+    ("sts_avg", "STS avg"),
+    ("transfer_avg", "transfer avg"),
+    ("retrieval_mrr", "retrieval MRR"),
+)
+
+
+def summarise(suite_output: dict, stsb_dev: float) -> dict:
+    """The table's numbers from one method's evaluation-suite output (see evaluation/suite.py).
+
+    ``sts_avg`` averages the headline Spearman of every STS task present (STS12–16 pooled,
+    STS-B test, SICK-R test); ``transfer_avg`` the accuracy of every transfer task present.
+    Absent groups give None, shown as "-".
+    """
+    sts = suite_output.get("sts") or {}
+    transfer = suite_output.get("transfer") or {}
+    retrieval = suite_output.get("retrieval") or {}
+    sts_values = [headline("sts", task, result) for task, result in sts.items()]
+    transfer_values = [headline("transfer", task, result) for task, result in transfer.items()]
+    stsb = sts.get("STSBenchmark")
+    first_retrieval = next(iter(retrieval.values()), None)
+    return {
+        "stsb_dev": stsb_dev,
+        "stsb_test": headline("sts", "STSBenchmark", stsb) if stsb else None,
+        "sts_avg": float(np.mean(sts_values)) if sts_values else None,
+        "sts_tasks": sorted(sts),
+        "transfer_avg": float(np.mean(transfer_values)) if transfer_values else None,
+        "transfer_tasks": sorted(transfer),
+        "retrieval_mrr": first_retrieval["mrr"] if first_retrieval else None,
+    }
+
+
+def _cell(value) -> str:
+    return (
+        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
+    )
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """rows: {"dim", "method", **summary}; one line per (dim, method), as a Markdown table."""
+    header = ["dim", "method", *(title for _, title in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in COLUMNS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

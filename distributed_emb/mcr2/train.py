@@ -1,0 +1,157 @@
+"""Train one MCR² compression head on cached encoder vectors; keep the best epoch by STS-B dev.
+
+Everything here is vectors in, vectors out: the frozen encoder ran once beforehand
+(``mcr2/embeddings.py``), so an epoch over a few thousand sentences takes well under a second
+on a laptop CPU and several output sizes train one after another in minutes.
+
+One step: a batch of sentences X (B×D) with cluster ids (or learned Π), and a batch of similar
+pairs (A, P), each (m×D); loss = −R(head(X)) + R_c(head(X), Π) − λ·mean cos(head(A), head(P)).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from distributed_emb.evaluation.sts import spearman_of_embeddings
+from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
+from distributed_emb.mcr2.assignments import SoftAssignmentHead
+from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, OptimConfig
+from distributed_emb.mcr2.head import CompressionHead
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HeadTrainingData:
+    sentences: np.ndarray  # (n, D) frozen-encoder vectors of the training sentences
+    cluster_ids: np.ndarray | None  # (n,) int64, or None when Π is learned
+    pairs: tuple[np.ndarray, np.ndarray] | None  # ((m, D), (m, D)) similar pairs, or None
+    dev: tuple[np.ndarray, np.ndarray, np.ndarray]  # STS-B dev: (p, D), (p, D), (p,) scores
+
+
+@dataclass
+class TrainedHead:
+    head: CompressionHead  # the best epoch's weights, in eval mode
+    assignment_head: SoftAssignmentHead | None
+    best_epoch: int  # 0 = the untrained head
+    best_dev_spearman: float
+    history: list[dict] = field(default_factory=list)  # one row of metrics per epoch
+    seconds: float = 0.0
+
+
+def head_dev_spearman(head: CompressionHead, dev: tuple[np.ndarray, ...]) -> float:
+    """STS-B dev Spearman × 100 of the head's vectors (the project's one STS implementation)."""
+    e1, e2, scores = dev
+    was_training = head.training
+    head.eval()
+    with torch.no_grad():
+        z1 = head(torch.from_numpy(e1)).numpy()  # (p, d)
+        z2 = head(torch.from_numpy(e2)).numpy()  # (p, d)
+    head.train(was_training)
+    return spearman_of_embeddings(z1, z2, scores)
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """A shuffled pass over n rows; a last batch shorter than half a batch joins the previous."""
+    order = torch.randperm(n, generator=generator)
+    batches = list(torch.split(order, batch_size))
+    if len(batches) > 1 and len(batches[-1]) < batch_size // 2:
+        batches[-2] = torch.cat([batches[-2], batches.pop()])
+    return batches
+
+
+def train_head(
+    output_dim: int,
+    data: HeadTrainingData,
+    head_config: HeadConfig,
+    loss_config: MCR2LossConfig,
+    assignment_config: AssignmentConfig,
+    optim: OptimConfig,
+) -> TrainedHead:
+    """Train a head to `output_dim`; return it at its best STS-B dev epoch."""
+    start = time.perf_counter()
+    torch.manual_seed(optim.seed)
+    generator = torch.Generator().manual_seed(optim.seed)
+    x = torch.from_numpy(np.ascontiguousarray(data.sentences, dtype=np.float32))  # (n, D)
+    n, input_dim = x.shape
+    head = CompressionHead(
+        input_dim, output_dim, head_config.hidden_dims, head_config.activation, head_config.dropout
+    )
+    learned = assignment_config.source == "learned"
+    if not learned and data.cluster_ids is None:
+        raise ValueError("cluster ids are needed unless assignments.source is 'learned'")
+    clusters = None if learned else torch.from_numpy(np.asarray(data.cluster_ids, np.int64))
+    # The assignment head reads the frozen encoder vector (the "backbone feature"), as in
+    # NMCE (Li et al. 2022), so Π does not chase the head's moving output.
+    assigner = (
+        SoftAssignmentHead(input_dim, assignment_config.num_clusters, assignment_config.temperature)
+        if learned
+        else None
+    )
+    params = list(head.parameters()) + (list(assigner.parameters()) if assigner else [])
+    optimiser = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+    loss_fn = MCR2Loss(loss_config)
+    if data.pairs is not None:
+        anchors = torch.from_numpy(np.ascontiguousarray(data.pairs[0], dtype=np.float32))
+        positives = torch.from_numpy(np.ascontiguousarray(data.pairs[1], dtype=np.float32))
+        pair_order = torch.randperm(len(anchors), generator=generator)
+        pair_cursor = 0
+
+    best = {"epoch": 0, "dev": head_dev_spearman(head, data.dev)}
+    best_state = (
+        copy.deepcopy(head.state_dict()),
+        assigner and copy.deepcopy(assigner.state_dict()),
+    )
+    history = [{"epoch": 0, "stsb_dev": best["dev"]}]
+    for epoch in range(1, optim.epochs + 1):
+        head.train()
+        sums: dict[str, float] = {}
+        batches = _batches(n, optim.batch_size, generator)
+        for rows in batches:
+            z = head(x[rows])  # (B, d)
+            pi = assigner(x[rows]) if assigner else clusters[rows]  # (B, k) or (B,)
+            views = None
+            if data.pairs is not None:
+                if pair_cursor + optim.pair_batch_size > len(pair_order):
+                    pair_order = torch.randperm(len(anchors), generator=generator)
+                    pair_cursor = 0
+                take = pair_order[pair_cursor : pair_cursor + optim.pair_batch_size]
+                pair_cursor += len(take)
+                views = (head(anchors[take]), head(positives[take]))  # 2 × (m, d)
+            loss, metrics = loss_fn(z, pi, views)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+        row = {"epoch": epoch, **{k: v / len(batches) for k, v in sums.items()}}
+        row["stsb_dev"] = head_dev_spearman(head, data.dev)
+        history.append(row)
+        if row["stsb_dev"] > best["dev"]:
+            best = {"epoch": epoch, "dev": row["stsb_dev"]}
+            best_state = (
+                copy.deepcopy(head.state_dict()),
+                assigner and copy.deepcopy(assigner.state_dict()),
+            )
+        log.info(
+            "dim %d epoch %d: loss %.4f, ΔR %.3f, STS-B dev %.2f",
+            output_dim,
+            epoch,
+            row.get("loss", float("nan")),
+            row.get("rate_reduction", float("nan")),
+            row["stsb_dev"],
+        )
+    head.load_state_dict(best_state[0])
+    head.eval()
+    if assigner is not None:
+        assigner.load_state_dict(best_state[1])
+        assigner.eval()
+    return TrainedHead(
+        head, assigner, best["epoch"], best["dev"], history, time.perf_counter() - start
+    )

@@ -1,0 +1,76 @@
+"""Train MCR² compression heads on a frozen sentence encoder and compare them with PCA, a
+random projection and the uncompressed encoder.
+
+    python jobs/train_mcr2.py [--config YAML] [--senteval-data DIR] [--output DIR] [key=value ...]
+
+With no arguments: the packaged all-MiniLM-L6-v2 (mean pooling), sentences of the shipped
+Wikipedia articles (clusters = articles), STS-B train pairs scored ≥ 4, heads for 64 and 128
+dims, evaluated on the shipped STS-B. --senteval-data points the evaluation (and the best-epoch
+selection on STS-B dev) at a full SentEval data/downstream directory, which adds SICK-R, the
+transfer tasks and whatever STS12–16 it holds. Every knob is in jobs/configs/mcr2.yaml; see
+docs/MCR2.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
+
+from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
+from distributed_emb.config import ConfigError, load_config  # noqa: E402
+from distributed_emb.mcr2.config import MCR2Config  # noqa: E402
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mcr2.yaml"
+
+
+def parse_args(argv: list[str] | None) -> MCR2Config:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML (default: %(default)s)")
+    parser.add_argument("--senteval-data", help="SentEval data/downstream directory")
+    parser.add_argument("--output", help="output directory (sets output_dir)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. output_dims=[32,256]")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(MCR2Config, args.config, args.overrides)
+        # Set as values, not YAML-parsed, so paths stay strings.
+        if args.senteval_data:
+            if not Path(args.senteval_data).is_dir():
+                raise ConfigError(f"--senteval-data: {args.senteval_data} is not a directory")
+            config.eval.senteval_dir = args.senteval_data
+        if args.output:
+            config.output_dir = args.output
+        config.validate()
+    except ConfigError as error:
+        parser.exit(2, f"config error: {error}\n")
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    offline_defaults()
+    setup_logging(config.output_dir)
+    if config.encoder.use_ray:
+        start_ray(config)  # reads only config.ray
+    from distributed_emb.mcr2.pipeline import run
+
+    results = run(config)
+    timing = results["wall_time_s"]
+    print()
+    print(results["table_markdown"])
+    print()
+    print(
+        f"wall time {timing['total_s']:.0f} s (encode {timing['encode_training_s']:.0f} s, "
+        f"train {timing['train_heads_s']:.0f} s, evaluate {timing['evaluate_s']:.0f} s); "
+        f"load average {results['load_average']['start']} → {results['load_average']['end']}"
+    )
+    print(f"results: {Path(config.output_dir) / 'results.json'} and results.md")
+    for dim, path in results["exported_models"].items():
+        print(f"model {dim}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
