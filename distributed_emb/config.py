@@ -212,6 +212,9 @@ class DataConfig:
     deduplicate: bool = True
     max_rows: int | None = None  # take only the first N clean rows (quick runs)
     shuffle_seed: int | None = 0  # None: keep file order
+    # > 1: sort each pool of this many batches by token length before batching (less padding,
+    # see data/collate.py LengthGroupedCollator and docs/BENCHMARKS.md); 0 or 1: random batches.
+    length_group_batches: int = 0
 
 
 @dataclass
@@ -305,6 +308,7 @@ class TrainingConfig:
             _require(
                 Path(d.path).exists() or d.format == "hf", "data.path", f"{d.path} does not exist"
             )
+        _require(d.length_group_batches >= 0, "data.length_group_batches", "must be >= 0")
         _require(lo.temperature > 0, "loss.temperature", f"must be > 0, got {lo.temperature}")
         _require(
             lo.reconstruction_weight >= 0,

@@ -8,15 +8,18 @@ runs the same number of steps (gathers need every rank present).
 from __future__ import annotations
 
 import logging
+import math
 import random
+import resource
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from distributed_emb import distributed
 from distributed_emb.config import TrainingConfig, training_config_from_dict
-from distributed_emb.data.collate import ContrastiveCollator
+from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
 from distributed_emb.losses.objective import ObjectiveWeights
 from distributed_emb.model.encoder import SentenceEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
@@ -63,8 +66,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     config = training_config_from_dict(loop_config["training"])
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    threads = config.train.torch_threads or max(1, round(config.train.cpus_per_worker))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(worker_threads(config))
     # A different seed per rank: each worker's dropout masks must differ.
     torch.manual_seed(config.train.seed + rank)
     random.seed(config.train.seed + rank)
@@ -108,6 +110,11 @@ def train_loop_per_worker(loop_config: dict) -> None:
         mlm_probability=config.loss.mlm_probability if config.loss.mlm_weight > 0 else None,
         seed=config.train.seed + rank,
     )
+    # Length grouping: Ray hands over pools of `group` batches, the collator cuts each pool
+    # into `group` batches of similar length (a list, which Ray does not move to the device).
+    group = max(1, config.data.length_group_batches)
+    if group > 1:
+        collate = LengthGroupedCollator(collate, config.train.batch_size, config.train.seed + rank)
     shard = ray.train.get_dataset_shard("train")
     progress = ProgressLog(total_steps, world * config.train.batch_size, enabled=rank == 0)
 
@@ -115,6 +122,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     def evaluate_and_report(final: bool = False) -> None:
         nonlocal truncated_since_report
+        # The training window closes here and reopens after the checkpoint: evaluation and
+        # checkpoint writing are not training throughput.
+        window = progress.window_means()
         state.truncated += int(distributed.all_reduce_sum(truncated_since_report))
         truncated_since_report = torch.zeros_like(truncated_since_report)
         score = _dev_score(encoder, tokenizer, dev, config) if rank == 0 else 0.0
@@ -126,12 +136,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "sentences_seen": state.sentences_seen,
             "truncated": state.truncated,
             "restarts": state.restarts,
-            **progress.window_means(),
+            **window,
+            "peak_rss_mb": peak_rss_mb(),
             "final": final,
         }
         state.history.append({k: v for k, v in metrics.items() if k != "final"})
         progress.print_eval(state.step, score)
         _report(engine, state, metrics, loop_config["training"], rank)
+        progress.restart_clock()
 
     if state.step == 0 and not state.history:
         evaluate_and_report()  # the starting point, so a run shows whether training helped
@@ -139,38 +151,42 @@ def train_loop_per_worker(loop_config: dict) -> None:
     checkpoint_every = config.train.checkpoint_steps or config.eval.eval_steps
     while state.step < total_steps:
         batches = shard.iter_torch_batches(
-            batch_size=config.train.batch_size,
+            batch_size=config.train.batch_size * group,
             collate_fn=collate,
-            drop_last=True,
-            device=device,
+            drop_last=group == 1,  # a last partial pool still gives its whole batches
+            device=device if group == 1 else "cpu",
             local_shuffle_buffer_size=(
-                None if config.data.shuffle_seed is None else 4 * config.train.batch_size
+                None if config.data.shuffle_seed is None else 4 * config.train.batch_size * group
             ),
             local_shuffle_seed=config.train.seed + 1000 * state.epoch + rank,
         )
-        for index, batch in enumerate(batches):
+        if group > 1:
+            batches = _ungrouped(batches, device)
+        # Per optimizer step (summed over its micro-batches): seconds waiting for batches,
+        # seconds computing, real tokens. Plain numbers and tensors: no host/device sync.
+        waited, computed, real_tokens = 0.0, 0.0, 0
+        for index, (batch, wait) in enumerate(_timed(batches)):
             if index >= batches_per_epoch:
                 break  # every rank stops at the same count
             if index < state.batches_in_epoch:
                 continue  # resumed mid-epoch: these batches were trained on before the restart
+            waited += wait
             started = time.perf_counter()
             micro = state.batches_in_epoch % accumulation
             metrics = step_fn(engine, batch, weights, sync=micro == accumulation - 1)
             state.batches_in_epoch += 1
+            truncated_since_report += batch["num_truncated"]
+            real_tokens = real_tokens + batch["num_real_tokens"]
             if micro != accumulation - 1:
+                computed += time.perf_counter() - started
                 continue
             engine.step()
+            computed += time.perf_counter() - started
             state.step += 1
             sentences = world * config.train.batch_size * accumulation
             state.sentences_seen += sentences
-            truncated_since_report += batch["num_truncated"]
-            progress.record(
-                metrics,
-                engine.lr,
-                sentences,
-                time.perf_counter() - started,
-                batch["num_real_tokens"] * world,
-            )
+            progress.record(metrics, engine.lr, sentences, computed, real_tokens * world, waited)
+            waited, computed, real_tokens = 0.0, 0.0, 0
             last = state.step == total_steps
             if state.step % config.eval.eval_steps == 0 or last:
                 evaluate_and_report(final=last)
@@ -182,6 +198,36 @@ def train_loop_per_worker(loop_config: dict) -> None:
             state.epoch += 1
             state.batches_in_epoch = 0
     progress.close()
+
+
+def worker_threads(config: TrainingConfig) -> int:
+    """Torch threads per worker: `train.torch_threads`, else the worker's CPUs rounded up
+    (2.5 CPUs → 3 threads; Python's round() would give 2: it rounds halves to even)."""
+    return config.train.torch_threads or max(1, math.ceil(config.train.cpus_per_worker))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _ungrouped(pools: Iterable[list[dict]], device: torch.device) -> Iterator[dict]:
+    """Each pool's batches in turn, moved to the training device."""
+    for pool in pools:
+        for batch in pool:
+            yield {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+
+
+def _timed(batches: Iterable) -> Iterator[tuple[object, float]]:
+    """(batch, seconds the loop waited for it): time the data path left compute idle."""
+    iterator = iter(batches)
+    while True:
+        asked = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        yield batch, time.perf_counter() - asked
 
 
 def _step_function(config: TrainingConfig):

@@ -1,7 +1,14 @@
 """Rank-0 progress: a bar plus a metrics line every `log_every` steps.
 
-Metrics arrive as tensors and are summed as tensors; they become Python numbers only when a
-line is printed or a report is made, so the hot loop never waits on the device.
+Metrics arrive as tensors and are summed as tensors *on their device*; they become Python
+numbers only when a line is printed or a report is made, so the hot loop never waits on the
+device (a `.cpu()` per step would be a host/device sync on a GPU).
+
+A window is the training time between two reports: the loop takes its means *before* it
+evaluates and restarts the clock *after* the checkpoint is written, so evaluation and
+checkpointing never count against training throughput. Within a window the wall time splits
+into compute (forward, backward, optimizer), waiting for the next batch (`data_wait_s`) and
+the rest (progress bookkeeping, Ray's own work).
 """
 
 from __future__ import annotations
@@ -33,17 +40,29 @@ class ProgressLog:
         self.steps = 0
         self.sentences = 0
         self.seconds = 0.0
+        self.data_wait = 0.0
         self.real_tokens = 0
         self.lr = 0.0
         self.window_started = time.perf_counter()
 
-    def record(self, metrics: dict, lr: float, sentences: int, seconds: float, real_tokens) -> None:
+    def record(
+        self,
+        metrics: dict,
+        lr: float,
+        sentences: int,
+        seconds: float,
+        real_tokens,
+        data_wait: float = 0.0,
+    ) -> None:
+        """One optimizer step: `seconds` of compute, `data_wait` seconds spent waiting for its
+        batches, `real_tokens` (a tensor or int) non-padding tokens embedded."""
         self.step += 1
         for key, value in metrics.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value.detach().float().cpu()
+            self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()  # stays on device
         self.steps += 1
         self.sentences += sentences
         self.seconds += seconds
+        self.data_wait += data_wait
         self.real_tokens += real_tokens
         self.lr = lr
         if self.bar is not None:
@@ -62,15 +81,23 @@ class ProgressLog:
             sentences_per_s=self.sentences / wall,
             tokens_per_s=float(self.real_tokens) / wall,
             compute_fraction=min(1.0, self.seconds / wall),
+            data_wait_s=self.data_wait,
+            window_s=wall,
+            window_steps=self.steps,
             global_batch=self.global_batch,
         )
         return means
 
     def window_means(self) -> dict[str, float]:
-        """Means since the last call (for the report at an evaluation), then a new window."""
+        """Means since the last call (for the report at an evaluation), then a new window.
+        Call `restart_clock` when the evaluation and checkpoint are done."""
         means = self.peek()
         self._reset_window()
         return means
+
+    def restart_clock(self) -> None:
+        """Start the window's wall clock now (after an evaluation and its checkpoint)."""
+        self.window_started = time.perf_counter()
 
     def _print_line(self, means: dict[str, float]) -> None:
         terms = " ".join(

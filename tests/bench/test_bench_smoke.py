@@ -1,0 +1,152 @@
+"""The benchmark harness cannot silently rot: a tiny run produces every table, row and column.
+
+No timed assertions (speed belongs in docs/BENCHMARKS.md, not in tests): only that each number
+exists and is a sane positive value, and that the FLOP model the MFU column rests on is right.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench.flops import training_flops  # noqa: E402
+from bench.run_all import BARE, BARE_GROUPED, PROJECT, PROJECT_GROUPED, ST, length_grouped  # noqa: E402
+
+EXPECTED = {
+    "training_step": (
+        [
+            "contender",
+            "sentences/s",
+            "tokens/s",
+            "× bare loop",
+            "× sentence-transformers",
+            "padding",
+            "data wait",
+        ],
+        [PROJECT, PROJECT_GROUPED, BARE, ST, BARE_GROUPED],
+    ),
+    "hardware": (
+        ["contender", "model GFLOP/s", "matmul GFLOP/s", "MFU"],
+        [PROJECT, PROJECT_GROUPED, BARE, ST, BARE_GROUPED],
+    ),
+    "negatives": (
+        [
+            "setting",
+            "step s",
+            "global sentences/s",
+            "negatives per row",
+            "global batch",
+            "× gathered",
+            "data wait",
+        ],
+        ["gathered negatives (default)", "local negatives (loss.gather_negatives=false)"],
+    ),
+    "data_path": (
+        ["stage", "sentences/s", "× training consumption (1 worker)", "worker data wait"],
+        5,
+    ),
+    "annotation": (["path", "seconds", "sentences/s", "× one process", "pairs"], 3),
+    "memory": (["process", "batch", "peak RSS MB", "after building MB", "step adds MB"], 4),
+    "profile_phases": (
+        ["phase", "ms per step", "share"],
+        ["collate", "forward+loss", "backward", "optimizer"],
+    ),
+    "profile_operators": (["operator", "calls per step", "self ms per step", "share of step"], 10),
+}
+
+
+@pytest.mark.parametrize("length", [8, 24])
+def test_flop_model_matches_torch_flop_counter(length):
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    model = BertModel(config, add_pooling_layer=False)
+    ids = torch.randint(0, 500, (3, length))
+    with FlopCounterMode(display=False) as counter:
+        hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        hidden.sum().backward()
+    assert training_flops(config, [length] * 3) == pytest.approx(counter.get_total_flops())
+
+
+def test_length_grouping_keeps_every_sentence_and_cuts_padding(minilm_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    words = "one two three four five six seven eight nine ten".split()
+    texts = [" ".join(words[: 1 + (i * 7) % 10]) for i in range(16)]
+    batches = [texts[i : i + 4] for i in range(0, 16, 4)]
+    grouped = length_grouped(batches, tokenizer, 32)
+
+    def padded(bs):
+        return sum(len(b) * max(len(tokenizer(t)["input_ids"]) for t in b) for b in bs)
+
+    assert sorted(t for b in grouped for t in b) == sorted(texts)
+    assert [len(b) for b in grouped] == [4, 4, 4, 4]
+    assert padded(grouped) < padded(batches)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_tiny_run_fills_every_table(tiny_bert_path, tmp_path):
+    output = tmp_path / "bench"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "run_all.py"),
+            "--tiny",
+            "--model",
+            tiny_bert_path,
+            "--output",
+            str(output),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((output / "results.json").read_text())
+    assert results["errors"] == []
+    assert (output / "results.md").read_text().count("\n### ") == len(EXPECTED) - 1
+    tables = results["tables"]
+    assert set(tables) == set(EXPECTED)
+    for key, (columns, rows) in EXPECTED.items():
+        table = tables[key]
+        assert table["columns"] == columns, key
+        labels = [row[0] for row in table["rows"]]
+        if isinstance(rows, int):
+            assert len(labels) == rows or (key == "profile_operators" and 0 < len(labels)), key
+        else:
+            assert labels == rows, key
+        for row in table["rows"]:
+            assert len(row) == len(columns), (key, row)
+            numbers = [c for c in row[1:] if isinstance(c, (int, float))]
+            assert all(math.isfinite(c) and c >= 0 for c in numbers), (key, row)
+
+    step = {row[0]: row for row in tables["training_step"]["rows"]}
+    assert all(step[name][1] > 0 and step[name][2] > 0 for name in step)
+    assert step[BARE][3] == "1.00×" and step[ST][4] == "1.00×"
+    negatives = {row[0]: row for row in tables["negatives"]["rows"]}
+    gathered, local = negatives.values()
+    assert gathered[3] == 2 * local[3] == gathered[4]  # W·B candidates vs B; same global batch
+    assert all(row[2] > 0 for row in tables["memory"]["rows"])
+    assert all(row[2] > 0 for row in tables["annotation"]["rows"])
+    assert {e["at"] for e in results["load"]} >= {"start", "after step", "after profile"}

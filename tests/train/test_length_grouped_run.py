@@ -1,0 +1,43 @@
+"""A real Ray Train run with length-grouped batches: every planned step, across an epoch
+boundary, with the loop's timing windows accounting for every step."""
+
+import pytest
+
+from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.paths import shipped_corpus
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_length_grouped_run_trains_every_planned_step(ray_local, tiny_bert_path, tmp_path):
+    from distributed_emb.train.trainer import run_training
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n".join(open(shipped_corpus("wiki_sentences.txt")).read().split("\n")[:100])
+    )
+    config = load_config(
+        TrainingConfig,
+        "jobs/configs/informin_tiny.yaml",
+        [
+            f"model.path={tiny_bert_path}",
+            f"data.path={corpus}",
+            "data.max_rows=null",
+            "data.length_group_batches=4",  # pools of 32 rows: 3 full pools + 4 rows
+            "train.num_workers=1",
+            "train.batch_size=8",
+            "train.epochs=2",
+            "train.max_steps=null",
+            "eval.eval_steps=6",
+            f"output.dir={tmp_path / 'run'}",
+        ],
+    )
+    metrics = run_training(config).metrics
+
+    history = metrics["history"]
+    assert [row["step"] for row in history] == [0, 6, 12, 18, 24]  # 12 batches per epoch
+    assert metrics["sentences_seen"] == 24 * 8 and history[-1]["epoch"] == 1
+    trained = history[1:]
+    assert sum(row["window_steps"] for row in trained) == 24
+    assert all(0 < row["compute_fraction"] <= 1 and row["data_wait_s"] >= 0 for row in trained)
+    assert all(row["tokens_per_s"] > 0 and row["peak_rss_mb"] > 0 for row in trained)
