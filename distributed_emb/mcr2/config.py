@@ -20,7 +20,9 @@ BASELINES = ("pca", "random", "full")
 
 @dataclass
 class HeadConfig:
-    hidden_dims: list[int] = field(default_factory=lambda: [512])
+    # [] is a linear head (one Dense): on MiniLM + the shipped data it beat [512] and [1024]
+    # MLPs on STS-B dev at 64 and 128 dims (docs/MCR2.md, "Choosing the defaults").
+    hidden_dims: list[int] = field(default_factory=list)
     activation: str = "gelu"
     dropout: float = 0.0
 
