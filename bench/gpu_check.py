@@ -37,11 +37,21 @@ def bert_dir(tiny: bool) -> str:
     from transformers import BertConfig, BertModel
 
     if tiny:
-        config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                            intermediate_size=128, vocab_size=30522)
+        config = BertConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            vocab_size=30522,
+        )
     else:  # BERT-base
-        config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                            intermediate_size=3072, vocab_size=30522)
+        config = BertConfig(
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            vocab_size=30522,
+        )
     directory = tempfile.mkdtemp(prefix="bert_random_")
     torch.manual_seed(0)
     BertModel(config).save_pretrained(directory)
@@ -80,22 +90,33 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(engine_name: str, model_dir: str, batch: int, seq: int, steps: int, warmup: int,
-             device: torch.device, precision: str) -> dict:
+def run_case(
+    engine_name: str,
+    model_dir: str,
+    batch: int,
+    seq: int,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: str,
+) -> dict:
     from distributed_emb.train.engine import build_engine
 
     torch.manual_seed(0)
     encoder = SentenceEncoder(model_dir, pooler="cls_before_pooler", mlp_head=True)
     encoder.train()
-    train = TrainLoopConfig(batch_size=batch, precision=precision,
-                            engine="ddp" if engine_name == "ddp" else "deepspeed")
+    train = TrainLoopConfig(
+        batch_size=batch, precision=precision, engine="ddp" if engine_name == "ddp" else "deepspeed"
+    )
     train.deepspeed.zero_stage = 2
     engine = build_engine(encoder, train, total_steps=steps + warmup, device=device)
     weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
     vocab = encoder.backbone.config.vocab_size
     ids = torch.randint(1000, vocab, (batch, seq), device=device)
-    batch_tensors = {"input_ids": torch.cat([ids, ids]),
-                     "attention_mask": torch.ones(2 * batch, seq, dtype=torch.long, device=device)}
+    batch_tensors = {
+        "input_ids": torch.cat([ids, ids]),
+        "attention_mask": torch.ones(2 * batch, seq, dtype=torch.long, device=device),
+    }
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for _ in range(warmup):
@@ -113,9 +134,14 @@ def run_case(engine_name: str, model_dir: str, batch: int, seq: int, steps: int,
     del engine, encoder
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"engine": engine_name, "batch": batch, "step_s": seconds,
-            "sentences_per_s": batch / seconds, "tflops": flops / seconds / 1e12,
-            "peak_gib": peak_memory}
+    return {
+        "engine": engine_name,
+        "batch": batch,
+        "step_s": seconds,
+        "sentences_per_s": batch / seconds,
+        "tflops": flops / seconds / 1e12,
+        "peak_gib": peak_memory,
+    }
 
 
 def main() -> None:
@@ -150,31 +176,50 @@ def main() -> None:
     for engine_name in args.engines.split(","):
         for batch in [int(b) for b in args.batches.split(",")]:
             try:
-                row = run_case(engine_name, model_dir, batch, args.seq, args.steps, args.warmup,
-                               device, precision)
+                row = run_case(
+                    engine_name,
+                    model_dir,
+                    batch,
+                    args.seq,
+                    args.steps,
+                    args.warmup,
+                    device,
+                    precision,
+                )
             except Exception as error:  # report and go on: one failing engine ≠ no table
                 row = {"engine": engine_name, "batch": batch, "error": repr(error)[:300]}
             rows.append(row)
             print(json.dumps(row), flush=True)
     device_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
-    summary = {"device": device_name, "torch": torch.__version__,
-               "matmul_bf16_tflops": measured,
-               "hidden": config.hidden_size, "layers": config.num_hidden_layers, "rows": rows}
+    summary = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "matmul_bf16_tflops": measured,
+        "hidden": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "rows": rows,
+    }
     if args.output:
         Path(args.output).write_text(json.dumps(summary, indent=2))
-    print(f"\n{device_name}, torch {torch.__version__}, seq {args.seq}, bf16; measured dense "
-          f"bf16 matmul {measured:.0f} TFLOP/s (datasheet {DATASHEET_BF16_TFLOPS:.0f})")
-    print(f"{'engine':8} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
-          f"{'MFU(meas)':>9} {'MFU(sheet)':>10} {'peak GiB':>8}")
+    print(
+        f"\n{device_name}, torch {torch.__version__}, seq {args.seq}, bf16; measured dense "
+        f"bf16 matmul {measured:.0f} TFLOP/s (datasheet {DATASHEET_BF16_TFLOPS:.0f})"
+    )
+    print(
+        f"{'engine':8} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
+        f"{'MFU(meas)':>9} {'MFU(sheet)':>10} {'peak GiB':>8}"
+    )
     for row in rows:
         if "error" in row:
             print(f"{row['engine']:8} {row['batch']:>6} error: {row['error'][:80]}")
             continue
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "-"
-        print(f"{row['engine']:8} {row['batch']:>6} {1000 * row['step_s']:>8.1f} "
-              f"{row['sentences_per_s']:>9.0f} {row['tflops']:>8.1f} "
-              f"{row['tflops'] / measured:>9.1%} {row['tflops'] / DATASHEET_BF16_TFLOPS:>10.1%} "
-              f"{peak:>8}")
+        print(
+            f"{row['engine']:8} {row['batch']:>6} {1000 * row['step_s']:>8.1f} "
+            f"{row['sentences_per_s']:>9.0f} {row['tflops']:>8.1f} "
+            f"{row['tflops'] / measured:>9.1%} {row['tflops'] / DATASHEET_BF16_TFLOPS:>10.1%} "
+            f"{peak:>8}"
+        )
     dist.destroy_process_group()
 
 

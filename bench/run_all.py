@@ -78,6 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--data-batches", type=int, default=60)
     parser.add_argument("--profile-steps", type=int, default=2)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds to wait after each Ray Train run (its processes wind down)",
+    )
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument(
         "--tiny",
@@ -89,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.tiny:
         args.batch, args.seq, args.steps, args.warmup, args.rounds = 4, 16, 1, 1, 1
         args.memory_batches, args.annotation_docs, args.data_batches = "4,8", 4, 3
-        args.profile_steps, args.threads = 1, 1
+        args.profile_steps, args.threads, args.settle = 1, 1, 0.0
     unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; known: {list(SECTIONS)}")
@@ -237,14 +243,22 @@ class Bench:
         }
         runs: dict[str, list] = {name: [] for name in contenders}
         names = list(contenders)
+        orders = []
         for round_index in range(a.rounds):
-            order = names[round_index % len(names) :] + names[: round_index % len(names)]
+            # A fresh order each round (seeded): a fixed rotation would always put the same
+            # contender right after a Ray run, while Ray's processes are still winding down.
+            order = random.Random(round_index).sample(names, len(names))
+            orders.append(order)
             for name in order:
                 print(f"[bench]   round {round_index + 1}/{a.rounds}: {name}", flush=True)
                 runs[name].append(contenders[name]())
-        matmul.append(matmul_flops_per_s(a.threads))
+                if name in (PROJECT, PROJECT_GROUPED):
+                    settle(a.settle)
+            matmul.append(matmul_flops_per_s(a.threads))
         torch.set_num_threads(a.threads)
         self.results["raw"]["step"] = {k: [vars(r) for r in v] for k, v in runs.items()}
+        self.results["raw"]["step_orders"] = orders
+        self.results["raw"]["matmul_flops_per_s"] = matmul
         self.project_one_worker = runs[PROJECT]
 
         def sps(name: str, r: int) -> float:
@@ -320,7 +334,8 @@ class Bench:
         hardware.notes.append(
             "Model FLOPs = 3 × forward matmul FLOPs of the real tokens (bench/flops.py, checked "
             "against torch.utils.flop_counter in tests/bench); padding counts as waste. The "
-            f"matmul rate is the best {1024}² fp32 product at the start and end of the section "
+            "matmul rate is the best 1024² fp32 product over one second, measured at the start "
+            "of the section and after each round "
             f"({', '.join(f'{m / 1e9:.1f}' for m in matmul)} GFLOP/s)."
         )
 
@@ -335,6 +350,7 @@ class Bench:
             for gather in order:
                 print(f"[bench]   2 workers, gather={gather}", flush=True)
                 runs[gather].append(run_project(self.project_config(2, 1, gather), a.warmup))
+                settle(a.settle)
         self.results["raw"]["negatives"] = {str(k): [vars(r) for r in v] for k, v in runs.items()}
         self.two_workers = runs
         table = self.table(
@@ -593,6 +609,15 @@ class Bench:
         self.results["wall_s"] = round(time.perf_counter() - started, 1)
         self.results["uptime"] = uptime_line()
         self.save()
+
+
+def settle(seconds: float) -> None:
+    """Let a finished Ray Train run's worker and controller processes exit before the next
+    contender's clock starts."""
+    import gc
+
+    gc.collect()
+    time.sleep(seconds)
 
 
 def length_grouped(

@@ -61,9 +61,15 @@ def parse_training_args(
     return config
 
 
-def start_ray(config: TrainingConfig) -> None:
+def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     """Join the cluster in RAY_ADDRESS / ray.address (e.g. under `ray job submit`), or start a
-    local Ray with no cluster at all."""
+    local Ray with no cluster at all.
+
+    `state_api`: a local instance also serves Ray's State API to its own workers (the dashboard,
+    and the instance's address in every worker's RAY_ADDRESS). Ray Train frees the placement
+    group of a run whose controller was killed (a Tune trial stopped early) through it; workers
+    otherwise guess the address, which fails when the machine runs other Ray instances.
+    """
     import ray
 
     if ray.is_initialized():
@@ -88,12 +94,27 @@ def start_ray(config: TrainingConfig) -> None:
     # deadlock on small machines (see docs/ARCHITECTURE.md, "Ray on small machines").
     num_cpus = config.ray.num_cpus or 2 * (os.cpu_count() or 1)
     store = config.ray.object_store_memory_mb
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        object_store_memory=store * 1024**2 if store else None,
-        runtime_env=runtime_env,
-    )
+    if state_api:
+        port = _free_port()
+        os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by the local head at start
+        runtime_env["env_vars"]["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    try:
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=state_api,
+            object_store_memory=store * 1024**2 if store else None,
+            runtime_env=runtime_env,
+        )
+    finally:
+        os.environ.pop("RAY_GCS_SERVER_PORT", None)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
 
 
 def summarise_run(metrics: dict) -> str:

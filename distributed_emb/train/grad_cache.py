@@ -40,16 +40,22 @@ Engines:
 - DDP: only the last mini-batch's backward all-reduces; the others run in `no_sync()`, so
   gradients are all-reduced once per step (and none when `sync` is False, for gradient
   accumulation across loop micro-batches).
-- DeepSpeed (distributed_emb/train/deepspeed_engine.py): several engine.backward calls per
-  optimizer step are DeepSpeed's own gradient-accumulation pattern. The mini-batches before
-  the last run with `set_gradient_accumulation_boundary(False)` (DeepSpeed 0.19.8's documented
-  way to accumulate several backward calls and step once), the last with the engine's own
-  boundary. ZeRO-0/1 accumulate gradients locally and reduce at the boundary; ZeRO-2
-  reduce-scatters each mini-batch's gradients into the partitions (k reductions per step
-  instead of one: more communication, same result). ZeRO-3 also works but every forward
-  gathers the partitioned parameters: 2k all-gathers of the whole model per step (no-grad pass
-  and re-run) plus k in backward and k reduce-scatters, which is where GradCache and ZeRO-3
-  stop composing efficiently. `engine.no_sync()` itself is refused by DeepSpeed at ZeRO ≥ 2.
+- DeepSpeed (distributed_emb/train/deepspeed_engine.py, deepspeed 0.19.8): several
+  engine.backward calls per optimizer step are DeepSpeed's own gradient-accumulation pattern.
+  The mini-batches before the last run with `set_gradient_accumulation_boundary(False)` (its
+  documented way to add backward calls and step once) and call DeepSpeed's backward directly;
+  the last one goes through the engine wrapper at DeepSpeed's own boundary, so the wrapper's
+  micro-batch counting (train.gradient_accumulation_steps) is unchanged. Checked equal to the
+  plain gradients at ZeRO-0/1/2/3 (tests: ZeRO-2 and 3 with accumulation 2). Without the
+  boundary override ZeRO-1/2 with accumulation gave wrong gradients, silently.
+  What each stage costs on top of DDP: ZeRO-1 reduces once per step, as DDP; ZeRO-2
+  reduce-scatters every mini-batch's gradients into the partitions (k reductions per step
+  instead of one: more traffic, same result); ZeRO-3 gathers the partitioned parameters in
+  every forward and backward: 3k all-gathers of the model per step (no-grad pass, re-run,
+  backward) plus k reduce-scatters. That is where GradCache and ZeRO-3 stop composing
+  *efficiently*: ZeRO-3 saves parameter memory, GradCache activation memory, and together the
+  communication grows with the number of mini-batches. (`engine.no_sync()` itself is refused
+  by DeepSpeed at ZeRO ≥ 2, hence the boundary override rather than no_sync.)
 """
 
 from __future__ import annotations
@@ -67,33 +73,31 @@ MLM_KEYS = ("mlm_input_ids", "mlm_attention_mask", "mlm_labels")
 
 
 class RandContext:
-    """The RNG state at construction (CPU, and the accelerator of `tensors`), replayed on enter.
+    """The RNG state at construction (CPU, and the accelerator holding `tensors`), replayed on
+    enter; leaving restores the state the generators had on entering (torch.random.fork_rng),
+    so a replayed forward does not disturb the random stream the step continues from.
 
-    Leaving restores whatever state the generators had on entering, so a replayed forward does
-    not disturb the random stream the rest of the step continues from.
+    After the GradCache reference code (luyug/GradCache; also sentence-transformers'
+    CachedMultipleNegativesRankingLoss).
     """
 
     def __init__(self, *tensors: torch.Tensor):
         self.cpu_state = torch.get_rng_state()
-        self.devices, self.device_states = get_device_states(*tensors)
+        accelerated = [t for t in tensors if t.device.type not in ("cpu", "meta")]
+        self.device_type = accelerated[0].device.type if accelerated else None
+        self.devices, self.device_states = get_device_states(*accelerated)
+        self._fork = None
 
     def __enter__(self) -> RandContext:
-        self._saved_cpu = torch.get_rng_state()
-        self._saved_devices = get_device_states_for(self.devices)
+        self._fork = torch.random.fork_rng(devices=self.devices, device_type=self.device_type)
+        self._fork.__enter__()
         torch.set_rng_state(self.cpu_state)
-        set_device_states(self.devices, self.device_states)
+        set_device_states(self.devices, self.device_states, device_type=self.device_type)
         return self
 
     def __exit__(self, *exc) -> None:
-        torch.set_rng_state(self._saved_cpu)
-        set_device_states(self.devices, self._saved_devices)
-
-
-def get_device_states_for(devices: list[int]) -> list[torch.Tensor]:
-    """Current RNG states of the given accelerator devices (CUDA on this project's GPUs)."""
-    if not devices:
-        return []
-    return [torch.cuda.get_rng_state(device) for device in devices]
+        self._fork.__exit__(*exc)
+        self._fork = None
 
 
 def split_mini_batches(

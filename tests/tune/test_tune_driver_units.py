@@ -1,0 +1,74 @@
+"""Driver pieces that need no Ray cluster: concurrency from resources, pre-flight batch check,
+scheduler and searcher wiring."""
+
+from __future__ import annotations
+
+import pytest
+
+from distributed_emb.config import ConfigError, load_config
+from tune.driver import (
+    build_scheduler,
+    build_searcher,
+    check_batches_fit,
+    derive_max_concurrent_trials,
+    resources_per_trial,
+)
+from tune.settings import SearchJobConfig
+
+DEFAULT_YAML = "jobs/configs/tune_default.yaml"
+
+
+@pytest.mark.parametrize(
+    "cluster, per_trial, expected",
+    [
+        # a 2-core laptop: Ray gets 4 logical CPUs; a trial is 2 workers × 1 CPU + 0.01 driver
+        ({"CPU": 4.0}, {"CPU": 2.0, "GPU": 0}, 1),
+        ({"CPU": 5.0}, {"CPU": 2.0, "GPU": 0}, 2),
+        ({"CPU": 4.02}, {"CPU": 2.0, "GPU": 0}, 2),
+        ({"CPU": 64.0, "GPU": 8.0}, {"CPU": 4.0, "GPU": 4.0}, 2),  # GPUs limit
+        ({"CPU": 8.0, "GPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}, 1),  # CPUs limit
+        ({"CPU": 1.0}, {"CPU": 2.0, "GPU": 0}, 1),  # never 0: an autoscaler may add nodes
+    ],
+)
+def test_max_concurrent_trials_from_cluster_resources(cluster, per_trial, expected):
+    assert derive_max_concurrent_trials(cluster, per_trial) == expected
+
+
+def test_resources_per_trial_take_the_largest_searched_worker_count():
+    config = load_config(
+        SearchJobConfig,
+        DEFAULT_YAML,
+        ["search.train.num_workers={type: choice, values: [1, 4]}", "train.cpus_per_worker=2"],
+    )
+    assert resources_per_trial(config.base(), config.space()) == {"CPU": 8.0, "GPU": 0}
+
+
+def test_batches_larger_than_the_corpus_allows_fail_before_any_trial():
+    config = load_config(
+        SearchJobConfig, DEFAULT_YAML, ["search.train.batch_size={type: choice, values: [16, 256]}"]
+    )
+    check_batches_fit(config.base(), config.space(), num_rows=600)  # 600 ≥ 2 × 256: fine
+    with pytest.raises(ConfigError, match=r"search.train.batch_size=256: 300 rows give no full"):
+        check_batches_fit(config.base(), config.space(), num_rows=300)
+
+
+def test_asha_judges_at_evaluation_steps():
+    config = load_config(SearchJobConfig, DEFAULT_YAML, [])
+    scheduler = build_scheduler(config)
+    assert type(scheduler).__name__ == "AsyncHyperBandScheduler"
+    assert scheduler._time_attr == "step" and scheduler._max_t == 30
+    # rungs (where trials are compared): the evaluations at steps 10 and 20
+    assert sorted(m for m, _ in scheduler._brackets[0]._rungs) == [10, 20]
+    fifo = build_scheduler(load_config(SearchJobConfig, DEFAULT_YAML, ["tune.scheduler=fifo"]))
+    assert type(fifo).__name__ == "FIFOScheduler"
+
+
+def test_concurrency_limit_reaches_the_searcher_that_enforces_it():
+    """Tune ignores TuneConfig.max_concurrent_trials for a BasicVariantGenerator instance (it
+    ran all trials at once, and they fought for the workers' CPUs): the generator gets it."""
+    random_searcher, tune_limit = build_searcher(load_config(SearchJobConfig, DEFAULT_YAML, []), 3)
+    assert random_searcher.max_concurrent == 3 and tune_limit is None
+    optuna, tune_limit = build_searcher(
+        load_config(SearchJobConfig, DEFAULT_YAML, ["tune.searcher=optuna"]), 3
+    )
+    assert type(optuna).__name__ == "OptunaSearch" and tune_limit == 3

@@ -1,0 +1,290 @@
+"""The search: one Tune trial = one Ray Train run of the training job's own TorchTrainer.
+
+Ray Train V2 pattern (docs: "Hyperparameter Tuning with Ray Tune"): `Tuner(run_trial)`, where
+`run_trial` is a small driver function that turns the trial's sampled values into a
+TrainingConfig, builds the TorchTrainer with `build_trainer` (the same one
+jobs/train_informin.py runs, so a search trains exactly what training trains) and forwards
+every STS-B dev report to Tune through `TuneReportCallback`.
+
+Resources: the trial driver only waits on its TorchTrainer, so it asks for 0.01 CPU; the
+Train workers (num_workers × cpus_per_worker CPUs, + GPUs) are what limits concurrency.
+A driver holding a whole CPU deadlocks small machines: two drivers take both CPUs and
+neither trial's workers can start (see ../shared/RAY_NOTES.md).
+
+The corpus is read and cleaned once, on the search driver, materialised in the object store
+and handed to every trial: no trial re-reads it, and no trial needs CPUs for read tasks
+while other trials' workers hold every CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
+from distributed_emb.train.loop import DEV_METRIC, plan_steps
+from tune.search_space import Distribution, apply_params, param_space
+from tune.settings import SearchJobConfig, asha_budget
+
+log = logging.getLogger(__name__)
+
+DRIVER_CPU = 0.01  # each trial's driver: it only waits on the Train controller
+
+
+@dataclass(frozen=True)
+class SearchPaths:
+    output: Path  # local directory: tables, plots, best config and model
+    storage: str  # Tune and Train storage root: the output dir, or output.storage_path (s3://…)
+    name: str  # Tune experiment name; Train runs are "<name>-<trial id>"
+    train_storage: str  # where the trials' Train runs live (build_trainer's storage choice)
+
+    @property
+    def experiment(self) -> str:
+        return f"{self.storage.rstrip('/')}/{self.name}"
+
+
+def search_paths(config: TrainingConfig) -> SearchPaths:
+    output = Path(config.output.dir).resolve()
+    return SearchPaths(
+        output=output,
+        storage=config.output.storage_path or str(output),
+        name=config.output.run_name or "search",
+        # build_trainer: output.storage_path, else <output.dir>/ray_results (trials get
+        # output.dir = this output directory, see make_trainable)
+        train_storage=config.output.storage_path or str(output / "ray_results"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resources
+# ---------------------------------------------------------------------------------------------
+
+
+def trial_resources(config: TrainingConfig) -> dict[str, float]:
+    """What one trial's Train workers hold: {"CPU": n, "GPU": n}."""
+    t = config.train
+    return {"CPU": t.num_workers * t.cpus_per_worker, "GPU": t.num_workers if t.use_gpu else 0}
+
+
+def _candidate_configs(base: TrainingConfig, space: dict[str, Distribution]):
+    """The base config and every config one searched value away from it (each value of a
+    list, each bound of a range): what resource and batch checks need to see."""
+    yield None, None, base
+    for key, distribution in space.items():
+        for value in distribution.candidates():
+            yield key, value, apply_params(base, {key: value}, where=f"search.{key}")
+
+
+def resources_per_trial(base: TrainingConfig, space: dict[str, Distribution]) -> dict[str, float]:
+    """The most any trial can need (num_workers or use_gpu may themselves be searched)."""
+    needs = [trial_resources(config) for _, _, config in _candidate_configs(base, space)]
+    return {name: max(need[name] for need in needs) for name in ("CPU", "GPU")}
+
+
+def derive_max_concurrent_trials(cluster: dict[str, float], per_trial: dict[str, float]) -> int:
+    """How many trials fit side by side: each takes its workers' CPUs (and GPUs) plus
+    DRIVER_CPU for its driver. At least 1 (an autoscaling cluster grows on demand)."""
+    fits = [math.floor(cluster.get("CPU", 0) / (per_trial["CPU"] + DRIVER_CPU) + 1e-9)]
+    if per_trial["GPU"] > 0:
+        fits.append(math.floor(cluster.get("GPU", 0) / per_trial["GPU"] + 1e-9))
+    return max(1, min(fits))
+
+
+def check_batches_fit(base: TrainingConfig, space: dict[str, Distribution], num_rows: int) -> None:
+    """Every searched batch size must give at least one step on this corpus: fail now, with
+    the key, instead of as an errored trial."""
+    for key, value, config in _candidate_configs(base, space):
+        try:
+            plan_steps(config, num_rows, config.train.num_workers)
+        except ValueError as error:
+            where = f"search.{key}={value}" if key else "train.batch_size"
+            raise ConfigError(f"{where}: {error}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The trial
+# ---------------------------------------------------------------------------------------------
+
+
+def run_trial(params: dict[str, Any], *, base: dict, dataset, num_rows: int, name: str) -> None:
+    """One Tune trial: the base config with this trial's values, trained by the job's own
+    TorchTrainer; every evaluation reaches Tune through TuneReportCallback."""
+    from ray import tune as ray_tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from distributed_emb.train.trainer import build_trainer
+
+    config = apply_params(from_dict(TrainingConfig, base), params)
+    # A stable name (no timestamp): a retried or resumed trial finds its own Train run in
+    # storage and continues from its last checkpoint.
+    run_name = f"{name}-{ray_tune.get_context().get_trial_id()}"
+    trainer = build_trainer(config, dataset, num_rows, run_name, callbacks=[TuneReportCallback()])
+    trainer.fit()  # raises when the run fails: Tune marks the trial errored (or retries it)
+
+
+def trial_dirname(trial) -> str:
+    """Short trial directories (Tune's default packs every parameter into the name)."""
+    return f"trial_{trial.trial_id}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuner
+# ---------------------------------------------------------------------------------------------
+
+
+def build_scheduler(config: SearchJobConfig):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if config.tune.scheduler == "fifo":
+        return FIFOScheduler()
+    grace, max_t = asha_budget(config)
+    return ASHAScheduler(
+        time_attr=config.tune.time_attr,
+        max_t=max_t,
+        grace_period=grace,
+        reduction_factor=config.tune.reduction_factor,
+    )
+
+
+def build_searcher(config: SearchJobConfig, max_concurrent: int):
+    """(search_alg, max_concurrent_trials for TuneConfig). Tune ignores TuneConfig's limit
+    for a BasicVariantGenerator instance (it only wraps Searchers), so that one gets the limit
+    itself."""
+    if config.tune.searcher == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(seed=config.tune.seed), max_concurrent
+    from ray.tune.search import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=config.tune.seed, max_concurrent=max_concurrent), None
+
+
+def make_trainable(base: TrainingConfig, dataset, num_rows: int, paths: SearchPaths):
+    """run_trial with the base config and the shared dataset bound, on DRIVER_CPU."""
+    import ray.cloudpickle
+    from ray import tune as ray_tune
+
+    import tune as this_package
+
+    # `tune` lives in the checkout, not in site-packages: ship its functions by value, so trial
+    # actors unpickle them wherever they run (a local Ray started from another directory, or
+    # a cluster joined without --working-dir). distributed_emb is installed, so by reference.
+    ray.cloudpickle.register_pickle_by_value(this_package)
+
+    trial_base = to_dict(base)
+    trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
+    trainable = ray_tune.with_parameters(
+        run_trial, base=trial_base, dataset=dataset, num_rows=num_rows, name=paths.name
+    )
+    return ray_tune.with_resources(trainable, {"cpu": DRIVER_CPU})
+
+
+def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: SearchPaths):
+    from ray import tune as ray_tune
+
+    searcher, tune_limit = build_searcher(config, max_concurrent)
+    return ray_tune.Tuner(
+        trainable,
+        param_space=param_space(config.space()),
+        tune_config=ray_tune.TuneConfig(
+            metric=DEV_METRIC,
+            mode="max",
+            num_samples=config.tune.num_samples,
+            scheduler=build_scheduler(config),
+            search_alg=searcher,
+            max_concurrent_trials=tune_limit,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=ray_tune.RunConfig(
+            name=paths.name,
+            storage_path=paths.storage,
+            failure_config=ray_tune.FailureConfig(max_failures=config.tune.max_failures),
+        ),
+    )
+
+
+def can_resume(paths: SearchPaths) -> bool:
+    from ray import tune as ray_tune
+
+    return ray_tune.Tuner.can_restore(paths.experiment)
+
+
+@dataclass
+class SearchRun:
+    experiment_path: str
+    max_concurrent_trials: int
+    per_trial: dict[str, float]
+    cluster: dict[str, float]
+    corpus: dict
+    corpus_load_s: float
+    wall_s: float
+    interrupted: bool
+
+
+def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
+    """Load the corpus once, then run (or resume) the search to the end. Ray must be up."""
+    import ray
+    from ray import tune as ray_tune
+
+    from distributed_emb.data.corpus import load_training_dataset
+
+    started = time.time()
+    paths = search_paths(config)
+    base, space = config.base(), config.space()
+
+    dataset, report = load_training_dataset(config.data)
+    dataset = dataset.materialize()  # blocks in the object store: trials run no read tasks
+    num_rows = dataset.count()
+    corpus_load_s = time.time() - started
+    log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
+    check_batches_fit(base, space, num_rows)
+    log.info("searching %s", ", ".join(f"{k} {d.describe()}" for k, d in space.items()))
+
+    cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+    per_trial = resources_per_trial(base, space)
+    derived = derive_max_concurrent_trials(cluster, per_trial)
+    max_concurrent = config.tune.max_concurrent_trials or derived
+    if max_concurrent > derived:
+        log.warning(
+            "tune.max_concurrent_trials=%d but the cluster (%s) fits %d trials of %s: the "
+            "others wait for workers (fine on an autoscaling cluster)",
+            max_concurrent,
+            cluster,
+            derived,
+            per_trial,
+        )
+    log.info(
+        "trials need %s each (+%.2f CPU driver); cluster %s → %d at a time",
+        per_trial,
+        DRIVER_CPU,
+        cluster,
+        max_concurrent,
+    )
+
+    trainable = make_trainable(base, dataset, num_rows, paths)
+    if resume:
+        tuner = ray_tune.Tuner.restore(
+            paths.experiment, trainable=trainable, resume_unfinished=True, resume_errored=False
+        )
+    else:
+        tuner = new_tuner(config, trainable, max_concurrent, paths)
+    # Trial failures do not raise here (they are in the results); an interrupt (SIGINT)
+    # returns early with the state saved. Results are read back from storage, in
+    # tune/results.py, so a resumed search reads the same as an uninterrupted one.
+    tuner.fit()
+    analysis = ray_tune.ExperimentAnalysis(paths.experiment)
+    unfinished = [t for t in analysis.trials if t.status not in ("TERMINATED", "ERROR")]
+    return SearchRun(
+        experiment_path=paths.experiment,
+        max_concurrent_trials=max_concurrent,
+        per_trial=per_trial,
+        cluster=cluster,
+        corpus=report.as_dict(),
+        corpus_load_s=round(corpus_load_s, 1),
+        wall_s=round(time.time() - started, 1),
+        interrupted=bool(unfinished),
+    )
