@@ -27,11 +27,17 @@ def _isolated_caches(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
-    """../shared/data (real SentEval layout and corpora); override with DISTRIBUTED_EMB_SHARED_DATA."""
-    path = Path(os.environ.get("DISTRIBUTED_EMB_SHARED_DATA", REPO.parent / "shared" / "data"))
-    if not path.is_dir():
-        pytest.fail(f"shared data directory {path} is missing (set DISTRIBUTED_EMB_SHARED_DATA)")
-    return path
+    """The shared real data (SentEval layout and corpora): DISTRIBUTED_EMB_SHARED_DATA, else
+    ../shared/data beside the checkout, else /work/shared/data."""
+    candidates = [REPO.parent / "shared" / "data", Path("/work/shared/data")]
+    if "DISTRIBUTED_EMB_SHARED_DATA" in os.environ:
+        candidates.insert(0, Path(os.environ["DISTRIBUTED_EMB_SHARED_DATA"]))
+    for path in candidates:
+        if path.is_dir():
+            return path
+    pytest.fail(
+        f"shared data directory missing (tried {candidates}; set DISTRIBUTED_EMB_SHARED_DATA)"
+    )
 
 
 @pytest.fixture(scope="session")
