@@ -127,11 +127,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _merge(base: dict, update: dict) -> dict:
+def merge_trees(base: dict, update: dict) -> dict:
+    """Nested dict `update` over `base` (YAML over defaults, a DeepSpeed JSON over ours)."""
     merged = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = merge_trees(merged[key], value)
         else:
             merged[key] = value
     return merged
@@ -155,7 +156,7 @@ def load_config(cls: type[T], yaml_path: str | None = None, overrides: list[str]
     for text in overrides:
         key, value = parse_override(text)
         _set_dotted(override_tree, key, value)
-    config = _build(cls, _merge(tree, override_tree))
+    config = _build(cls, merge_trees(tree, override_tree))
     validate = getattr(config, "validate", None)
     if callable(validate):
         validate()

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from distributed_emb import distributed
+from distributed_emb.config import merge_trees
 from distributed_emb.train.engine import (
     MODEL_FILE,
     build_optimizer,
@@ -49,23 +50,13 @@ def deepspeed_config(train_config) -> dict:
         config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     if train_config.deepspeed.config_path:
         user = json.loads(Path(train_config.deepspeed.config_path).read_text())
-        config = _deep_merge(config, user)
+        config = merge_trees(config, user)
     config["train_batch_size"] = (
         config["train_micro_batch_size_per_gpu"]
         * config["gradient_accumulation_steps"]
         * distributed.world_size()
     )
     return config
-
-
-def _deep_merge(base: dict, update: dict) -> dict:
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 class DeepSpeedEngine:
