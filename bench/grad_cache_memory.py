@@ -8,7 +8,7 @@ For each global batch G and each mode (plain step, cached step with mini-batches
 fresh worker processes (gloo, as Ray Train's CPU workers) load the packaged all-MiniLM-L6-v2
 under DDPEngine, tokenise G/2 shipped Wikipedia sentences each at max_seq_length 32, and run
 `--steps` full optimizer steps (forward, InfoNCE over the gathered G rows + λ·reconstruction,
-backward, AdamW). Each worker reports its peak RSS (ru_maxrss: the high-water mark of the whole
+backward, AdamW). Each worker reports its peak RSS (VmHWM: the high-water mark of the whole
 process, model and optimizer included) before the first step and after the last, and the wall
 time of the steps. Fresh processes per configuration, so one run's peak never hides another's.
 
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import sys
 import tempfile
 import time
@@ -53,7 +52,11 @@ class TrainCfg:
 
 
 def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    # VmHWM: this process image's own high-water mark (ru_maxrss would also keep the RSS the
+    # spawned worker had as a fork of this script before it exec'd).
+    from distributed_emb.train.loop import peak_rss_mb
+
+    return peak_rss_mb()
 
 
 def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps: int, out: str):
@@ -131,6 +134,16 @@ def run_configuration(global_batch: int, mini: int | None, steps: int) -> dict:
         "rss_before_step_mib": max(r["rss_before_step_mib"] for r in ranks),
         "loss": ranks[0]["loss"],
     }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def markdown_table(rows: list[dict], skipped: list[tuple[int, str]]) -> str:
@@ -234,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     print()
     print(
-        f"{platform.node()}: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+        f"{platform.node()}: {os.cpu_count()} CPUs, {_cpu_model()}, load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end, "
         f"{WORKERS} gloo workers × 1 torch thread, all-MiniLM-L6-v2, max_seq_length "
         f"{MAX_SEQ_LENGTH}, fp32, {args.steps} optimizer step(s) per configuration"
     )
