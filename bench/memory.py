@@ -5,9 +5,9 @@
 Builds what a Ray Train worker builds (the project's SentenceEncoder, the DDP engine with its
 AdamW state, the real step from train/step.py) and runs steps on full-length batches (every
 row `seq` tokens: the worst case dynamic padding can meet), then prints one JSON line:
-the RSS after building (weights), and the peak (ru_maxrss) after the steps (weights,
-gradients, Adam moments, activations). A fresh process per batch size, because ru_maxrss
-never goes down.
+the RSS after building (weights), and the peak (VmHWM) after the steps (weights,
+gradients, Adam moments, activations). A fresh process per batch size, because the high-water
+mark never goes down.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from distributed_emb.train.loop import peak_rss_mb  # noqa: E402  (VmHWM, as the workers report)
 
 
 def rss_mb() -> float:
@@ -27,10 +28,6 @@ def rss_mb() -> float:
     with open("/proc/self/statm") as statm:
         pages = int(statm.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 1024**2
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(model_path: str, batch: int, seq: int, threads: int, steps: int) -> dict:

@@ -79,6 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-batches", type=int, default=60)
     parser.add_argument("--profile-steps", type=int, default=2)
     parser.add_argument(
+        "--ab-steps",
+        type=int,
+        default=16,
+        help="steps per variant in the step-by-step A/B (section 7c)",
+    )
+    parser.add_argument(
         "--settle",
         type=float,
         default=10.0,
@@ -95,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.tiny:
         args.batch, args.seq, args.steps, args.warmup, args.rounds = 4, 16, 1, 1, 1
         args.memory_batches, args.annotation_docs, args.data_batches = "4,8", 4, 3
-        args.profile_steps, args.threads, args.settle = 1, 1, 0.0
+        args.profile_steps, args.threads, args.settle, args.ab_steps = 1, 1, 0.0, 2
     unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; known: {list(SECTIONS)}")
@@ -197,8 +203,9 @@ class Bench:
     def batches(self, count: int) -> list[list[str]]:
         from bench.project_runs import bench_texts
 
-        texts = bench_texts(self.project_config(1, self.args.threads))
         b = self.args.batch
+        config = self.project_config(1, self.args.threads, extra=[f"data.max_rows={count * b}"])
+        texts = bench_texts(config)
         if len(texts) < count * b:
             raise RuntimeError(f"{len(texts)} rows for {count} batches of {b}")
         return [texts[i * b : (i + 1) * b] for i in range(count)]
@@ -461,29 +468,63 @@ class Bench:
 
         a = self.args
         documents = lee_documents(a.annotation_docs)
-        runs = [
-            annotate_locally(self.model, documents, a.threads),
-            annotate_with_ray(self.model, documents, 1, a.threads),
-            annotate_with_ray(self.model, documents, 2, max(1, a.threads // 2)),
+        few = documents[:2]
+        paths = [
+            lambda docs: annotate_locally(self.model, docs, a.threads),
+            lambda docs: annotate_with_ray(self.model, docs, 1, a.threads),
+            lambda docs: annotate_with_ray(self.model, docs, 2, max(1, a.threads // 2)),
         ]
-        self.results["raw"]["annotation"] = [vars(r) for r in runs]
+        # Each path twice, on 2 documents and on all: the difference removes the fixed cost
+        # (actor start-up, model loads) and leaves the marginal rate of a longer round.
+        runs = [(path(few), path(documents)) for path in paths]
+        self.results["raw"]["annotation"] = [[vars(r) for r in pair] for pair in runs]
         table = self.table(
             "annotation",
-            f"5. InfoCSE annotation: {runs[0].documents} Lee documents, "
-            f"{runs[0].sentences} sentences",
-            ["path", "seconds", "sentences/s", "× one process", "pairs"],
+            f"5. InfoCSE annotation: {runs[0][1].documents} Lee documents, "
+            f"{runs[0][1].sentences} sentences",
+            [
+                "path",
+                "seconds",
+                "sentences/s",
+                "× one process",
+                "fixed cost s",
+                "marginal sentences/s",
+                "marginal × one process",
+                "pairs",
+            ],
         )
-        for run in runs:
+
+        def marginal(pair) -> float | None:
+            small, full = pair
+            extra = full.seconds - small.seconds
+            # None when the noise of start-up swamps the extra work (tiny runs).
+            return (full.sentences - small.sentences) / extra if extra > 0 else None
+
+        def fixed(pair) -> float | None:
+            small, _ = pair
+            rate = marginal(pair)
+            return max(0.0, small.seconds - small.sentences / rate) if rate else None
+
+        local_rate, local_marginal = runs[0][1].sentences_per_s, marginal(runs[0])
+        for pair in runs:
+            full, rate = pair[1], marginal(pair)
+            relative = ratio(rate / local_marginal) if rate and local_marginal else "–"
             table.add(
-                run.name,
-                run.seconds,
-                run.sentences_per_s,
-                ratio(run.sentences_per_s / runs[0].sentences_per_s),
-                run.pairs,
+                full.name,
+                full.seconds,
+                full.sentences_per_s,
+                ratio(full.sentences_per_s / local_rate),
+                fixed(pair),
+                rate,
+                relative,
+                full.pairs,
             )
         table.notes.append(
             "End to end as an InfoCSE round pays it (Ray: actor start-up, one model load per "
-            "actor, Parquet writing). Same total torch threads on both sides."
+            "actor, Parquet writing); one actor has the same torch threads as the one "
+            "process. Fixed "
+            "cost and marginal rate come from a second run of each path on 2 documents: "
+            "marginal = extra sentences / extra seconds, what a long round approaches."
         )
 
     # ---- 6: memory ------------------------------------------------------------------------
@@ -543,14 +584,15 @@ class Bench:
             )
             table.notes.append(
                 f"Growth: about {slope:.1f} MB per extra sentence in the batch (two views of "
-                f"{a.seq} tokens each). Ray worker rows are ru_maxrss read by the loop at each "
-                "report (its real batches are dynamically padded, and it holds Ray's own "
-                "buffers)."
+                f"{a.seq} tokens each). Peaks are the process's VmHWM; the Ray worker rows "
+                "are what the loop reports (`peak_rss_mb`) at each evaluation: real batches, "
+                "dynamically padded, plus Ray's own buffers."
             )
 
     # ---- 7: profile -----------------------------------------------------------------------
     def profile(self) -> None:
         from bench.profile_step import profile_step
+        from bench.step_ab import BEFORE, DEFAULT, VARIANTS, step_ab
 
         a = self.args
         result = profile_step(self.model, self.batches(a.profile_steps + 1), a.seq, a.threads)
@@ -575,6 +617,40 @@ class Bench:
                 row["self_ms_per_step"],
                 percent(row["share"]),
             )
+
+        ab = step_ab(self.model, self.batches(a.ab_steps + 1), a.seq, a.threads)
+        self.results["raw"]["speed_ab"] = ab
+        table = self.table(
+            "speed_ab",
+            f"7c. The speed changes A/B, variants taking turns step by step in one process "
+            f"({ab[DEFAULT]['steps']} steps each, {a.threads} thread(s))",
+            [
+                "variant",
+                "ms per step",
+                "optimizer ms",
+                "real tokens/s",
+                "× default",
+                "× before",
+                "padding",
+            ],
+        )
+        for name in VARIANTS:
+            row = ab[name]
+            table.add(
+                name,
+                row["ms_per_step"],
+                row["optimizer_ms_per_step"],
+                row["tokens_per_s"],
+                ratio(row["tokens_per_s"] / ab[DEFAULT]["tokens_per_s"]),
+                ratio(row["tokens_per_s"] / ab[BEFORE]["tokens_per_s"]),
+                percent(row["padding"]),
+            )
+        table.notes.append(
+            "Speed = real tokens / summed step time (forward, loss, backward, clipping, "
+            "optimizer); each variant has its own model and engine, the order rotates every "
+            "step. The grouped variant trains on the same sentences, batched by "
+            "LengthGroupedCollator over the whole pool."
+        )
 
     def run(self) -> None:
         import ray

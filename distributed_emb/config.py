@@ -269,6 +269,10 @@ class EvalConfig:
     batch_size: int = 128
     # Final STS-B test of the exported model (needs STS-B test in senteval_dir).
     test_after_training: bool = True
+    # May the step-0 model (the starting point) be the one exported when no trained step beats
+    # it? True for a single run (never ship worse than the start); InfoCSE rounds set False:
+    # a round's model is what its training produced, and the rounds compare it with the start.
+    start_is_candidate: bool = True
 
 
 @dataclass

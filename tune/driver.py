@@ -27,6 +27,7 @@ from typing import Any
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
+from tune.janitor import PlacementGroupJanitor
 from tune.search_space import Distribution, apply_params, param_space
 from tune.settings import SearchJobConfig, asha_budget
 
@@ -83,6 +84,17 @@ def resources_per_trial(base: TrainingConfig, space: dict[str, Distribution]) ->
     """The most any trial can need (num_workers or use_gpu may themselves be searched)."""
     needs = [trial_resources(config) for _, _, config in _candidate_configs(base, space)]
     return {name: max(need[name] for need in needs) for name in ("CPU", "GPU")}
+
+
+def worker_bundles(base: TrainingConfig, space: dict[str, Distribution]) -> list[dict[str, float]]:
+    """Every shape one Train worker's resources can take in this search (build_trainer's
+    resources_per_worker)."""
+    shapes = []
+    for _, _, config in _candidate_configs(base, space):
+        shape = {"CPU": config.train.cpus_per_worker, "GPU": 1.0 if config.train.use_gpu else 0.0}
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
 
 
 def derive_max_concurrent_trials(cluster: dict[str, float], per_trial: dict[str, float]) -> int:
@@ -223,6 +235,7 @@ class SearchRun:
     corpus_load_s: float
     wall_s: float
     interrupted: bool
+    freed_placement_groups: list[str]  # leaked Train worker groups the janitor removed
 
 
 def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
@@ -275,7 +288,12 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     # Trial failures do not raise here (they are in the results); an interrupt (SIGINT)
     # returns early with the state saved. Results are read back from storage, in
     # tune/results.py, so a resumed search reads the same as an uninterrupted one.
-    tuner.fit()
+    janitor = PlacementGroupJanitor(worker_bundles(base, space))
+    janitor.start()
+    try:
+        tuner.fit()
+    finally:
+        janitor.stop()
     analysis = ray_tune.ExperimentAnalysis(paths.experiment)
     unfinished = [t for t in analysis.trials if t.status not in ("TERMINATED", "ERROR")]
     return SearchRun(
@@ -287,4 +305,5 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         corpus_load_s=round(corpus_load_s, 1),
         wall_s=round(time.time() - started, 1),
         interrupted=bool(unfinished),
+        freed_placement_groups=janitor.removed,
     )

@@ -14,7 +14,9 @@ from distributed_emb.infocse.annotate import AnnotationConfig
 @dataclass
 class RoundsConfig:
     max_rounds: int = 3
-    patience: int = 1  # rounds without a new best dev score before stopping
+    # Rounds without a new best dev score before stopping. 2: one short round is a noisy
+    # signal; the second re-annotates with the first round's model before giving up.
+    patience: int = 2
     min_improvement: float = 0.0  # Spearman points a round must gain to count as better
     retrieval_threshold: float = 4.0  # STS-B dev pairs scored ≥ this form the retrieval dev set
 

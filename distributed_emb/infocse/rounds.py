@@ -36,6 +36,10 @@ class RoundRecord:
     retrieval_mrr: float | None = None
     retrieval_recall_at_1: float | None = None
     train_steps: int = 0
+    # The round's model is its training's best trained checkpoint by dev (kept_step);
+    # last_step_dev is where training itself ended.
+    kept_step: int = 0
+    last_step_dev: float | None = None
     annotate_s: float = 0.0
     train_s: float = 0.0
 
@@ -96,6 +100,10 @@ def _train(
     training.data.shuffle_seed = None  # keep the document-spreading arrangement
     training.output.dir = output_dir
     training.output.run_name = Path(output_dir).name
+    # The round's model is its training's best trained checkpoint, even when worse than the
+    # model it started from: the next round re-annotates with it, and run_rounds decides
+    # (patience) and exports the best of all rounds, the initial model included.
+    training.eval.start_is_candidate = False
     for section_key, value in (overrides or {}).items():
         section, key = section_key.split(".")
         setattr(getattr(training, section), key, value)
@@ -185,9 +193,8 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
             documents_with_pairs=annotation.counts.documents
             - annotation.counts.documents_without_pairs,
             overlap_with_previous=overlap,
-            train_steps=result.metrics.get("steps") or 0,
             annotate_s=round(annotation.wall_seconds, 1),
-            train_s=result.metrics.get("wall_time_s") or 0.0,
+            **_training_fields(result.metrics),
             **_dev_fields(evaluate_dev(result.model_dir, config)),
         )
         records.append(record)
@@ -231,10 +238,18 @@ def _supervised_round(config: InfoCSEConfig, index: int, model_dir: str, round_d
         "supervised",
         result.model_dir,
         pairs=count,
-        train_steps=result.metrics.get("steps") or 0,
-        train_s=result.metrics.get("wall_time_s") or 0.0,
+        **_training_fields(result.metrics),
         **_dev_fields(evaluate_dev(result.model_dir, config)),
     )
+
+
+def _training_fields(metrics: dict) -> dict:
+    return {
+        "train_steps": metrics.get("steps") or 0,
+        "train_s": metrics.get("wall_time_s") or 0.0,
+        "kept_step": metrics.get("best_step") or 0,
+        "last_step_dev": metrics.get("stsb_dev_after"),
+    }
 
 
 def _dev_fields(scores: dict) -> dict:
@@ -266,16 +281,17 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None
 
 HEADER = (
     f"{'round':>5} {'stage':>10} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
-    f"{'MRR':>6} {'R@1':>6} {'steps':>5} {'annot s':>7} {'train s':>7}"
+    f"{'MRR':>6} {'R@1':>6} {'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7}"
 )
 
 
 def format_row(r: RoundRecord) -> str:
     overlap = "-" if r.overlap_with_previous is None else f"{r.overlap_with_previous:.3f}"
+    last_dev = "-" if r.last_step_dev is None else f"{r.last_step_dev:.2f}"
     return (
         f"{r.round:>5} {r.stage:>10} {r.pairs:>7} {overlap:>8} {r.stsb_dev:>9.2f} "
         f"{r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} {r.train_steps:>5} "
-        f"{r.annotate_s:>7.0f} {r.train_s:>7.0f}"
+        f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f}"
     )
 
 

@@ -207,7 +207,18 @@ def worker_threads(config: TrainingConfig) -> int:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    """This process's peak resident memory so far, in MiB.
+
+    VmHWM from /proc (Linux) is this process image's own high-water mark; ru_maxrss, the
+    fallback elsewhere, also keeps the RSS of the parent the process was forked from.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

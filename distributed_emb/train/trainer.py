@@ -101,14 +101,15 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     if result.error is not None:
         raise result.error
 
-    best = result.get_best_checkpoint(metric=DEV_METRIC, mode="max") or result.checkpoint
+    best = _best_checkpoint(result, config.eval.start_is_candidate)
     history = _history(result.checkpoint)
     model_dir = None
     if best is not None:
         with best.as_directory() as directory:
             model_dir = export_checkpoint(config, directory, str(output / "model"))
     first, last = (history[0], history[-1]) if history else ({}, {})
-    best_row = max(history, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})
+    candidates = [r for r in history if config.eval.start_is_candidate or r.get("step", 0) > 0]
+    best_row = max(candidates, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})
     trained = [row for row in history if row.get("step", 0) > 0]
     metrics = {
         "stsb_dev_before": first.get(DEV_METRIC),
@@ -132,6 +133,19 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         metrics["stsb_test"] = _stsb_test(config, model_dir)
     (output / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
+
+
+def _best_checkpoint(result, start_is_candidate: bool):
+    """The kept checkpoint with the best STS-B dev; without the step-0 one unless it may win.
+    Falls back to the latest checkpoint."""
+    kept = [
+        (checkpoint, metrics)
+        for checkpoint, metrics in result.best_checkpoints or []
+        if DEV_METRIC in metrics and (start_is_candidate or metrics.get("step", 0) > 0)
+    ]
+    if not kept:
+        return result.checkpoint
+    return max(kept, key=lambda pair: pair[1][DEV_METRIC])[0]
 
 
 def _history(last_checkpoint) -> list[dict]:

@@ -18,7 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.flops import training_flops  # noqa: E402
-from bench.run_all import BARE, BARE_GROUPED, PROJECT, PROJECT_GROUPED, ST, length_grouped  # noqa: E402
+from bench.run_all import (  # noqa: E402
+    BARE,
+    BARE_GROUPED,
+    PROJECT,
+    PROJECT_GROUPED,
+    ST,
+    length_grouped,
+)
+from bench.step_ab import VARIANTS  # noqa: E402
 
 EXPECTED = {
     "training_step": (
@@ -53,7 +61,31 @@ EXPECTED = {
         ["stage", "sentences/s", "× training consumption (1 worker)", "worker data wait"],
         5,
     ),
-    "annotation": (["path", "seconds", "sentences/s", "× one process", "pairs"], 3),
+    "annotation": (
+        [
+            "path",
+            "seconds",
+            "sentences/s",
+            "× one process",
+            "fixed cost s",
+            "marginal sentences/s",
+            "marginal × one process",
+            "pairs",
+        ],
+        3,
+    ),
+    "speed_ab": (
+        [
+            "variant",
+            "ms per step",
+            "optimizer ms",
+            "real tokens/s",
+            "× default",
+            "× before",
+            "padding",
+        ],
+        list(VARIANTS),
+    ),
     "memory": (["process", "batch", "peak RSS MB", "after building MB", "step adds MB"], 4),
     "profile_phases": (
         ["phase", "ms per step", "share"],

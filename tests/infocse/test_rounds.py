@@ -59,6 +59,8 @@ def test_two_rounds_annotate_train_and_export_the_best(
     stages = [(r.round, r.stage) for r in records]
     assert stages == [(0, "initial"), (1, "infocse"), (2, "infocse")]
     assert all(r.pairs > 0 and r.train_steps == 2 for r in records[1:])
+    # A round keeps a trained checkpoint, never its starting model (run_rounds compares rounds).
+    assert all(r.kept_step == 2 and r.last_step_dev is not None for r in records[1:])
     assert records[2].overlap_with_previous is not None
     assert 0.0 <= records[2].overlap_with_previous <= 1.0
     # Round 2 annotated with round 1's model: its input model is round 1's export.

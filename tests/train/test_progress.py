@@ -1,12 +1,13 @@
 """Progress windows: what the loop's throughput numbers count, and what the hot loop avoids."""
 
+import os
 import time
 
 import pytest
 import torch
 
 from distributed_emb.config import TrainingConfig, load_config
-from distributed_emb.train.loop import _timed, worker_threads
+from distributed_emb.train.loop import _timed, peak_rss_mb, worker_threads
 from distributed_emb.train.progress import ProgressLog
 
 
@@ -58,3 +59,12 @@ def test_worker_threads_round_cpus_up_unless_set(cpus, threads, expected):
     if threads is not None:
         overrides.append(f"train.torch_threads={threads}")
     assert worker_threads(load_config(TrainingConfig, None, overrides)) == expected
+
+
+def test_peak_rss_is_this_process_high_water_mark():
+    pages = int(open("/proc/self/statm").read().split()[1])
+    current = pages * os.sysconf("SC_PAGE_SIZE") / 2**20  # MiB resident now
+    block = torch.ones(256 * 2**20 // 4)  # 256 MiB, written, so resident
+    assert peak_rss_mb() >= current + 200
+    del block
+    assert peak_rss_mb() >= current + 200  # a high-water mark does not come down

@@ -12,6 +12,7 @@ from tune.driver import (
     check_batches_fit,
     derive_max_concurrent_trials,
     resources_per_trial,
+    worker_bundles,
 )
 from tune.settings import SearchJobConfig
 
@@ -72,3 +73,15 @@ def test_concurrency_limit_reaches_the_searcher_that_enforces_it():
         load_config(SearchJobConfig, DEFAULT_YAML, ["tune.searcher=optuna"]), 3
     )
     assert type(optuna).__name__ == "OptunaSearch" and tune_limit == 3
+
+
+def test_worker_bundles_cover_every_searched_worker_shape():
+    config = load_config(
+        SearchJobConfig,
+        DEFAULT_YAML,
+        ["search.train.use_gpu={type: choice, values: [false, true]}"],
+    )
+    assert worker_bundles(config.base(), config.space()) == [
+        {"CPU": 1.0, "GPU": 0.0},
+        {"CPU": 1.0, "GPU": 1.0},
+    ]

@@ -1,0 +1,96 @@
+"""The speed changes one at a time, A/B at the granularity of single steps, in one process.
+
+On a shared machine the load drifts within seconds, so comparing whole runs minutes apart
+cannot resolve a 5% change. Here every variant holds its own copy of the model and engine and
+the variants take turns step by step over the same pool of sentences; each variant's speed is
+its real tokens over its own summed step time. The step is the project's (collator,
+`plain_step`, `engine.step()`), as a Ray Train worker runs it, minus Ray.
+
+Variants:
+- default: fp32, random batches, fused AdamW (the project's engine today);
+- before: the same with `torch.optim.AdamW`'s default per-parameter update (the engine before
+  the speed work);
+- length-grouped: the same sentences batched by `LengthGroupedCollator` (pool = all batches);
+- bf16: `train.precision=bf16` autocast (losses stay fp32).
+"""
+
+from __future__ import annotations
+
+import time
+
+DEFAULT = "fp32, random batches, fused AdamW (default)"
+BEFORE = "fp32, random batches, per-parameter AdamW (before)"
+GROUPED = "fp32, length-grouped batches, fused AdamW (data.length_group_batches)"
+BF16 = "bf16 autocast, random batches, fused AdamW (train.precision=bf16)"
+VARIANTS = (DEFAULT, BEFORE, GROUPED, BF16)
+
+
+def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -> dict:
+    """One warm-up step per variant on `batches[0]`, then each of `batches[1:]` (regrouped by
+    length for the grouped variant) with the variants taking turns."""
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from distributed_emb.config import TrainLoopConfig
+    from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
+    from distributed_emb.losses.objective import ObjectiveWeights
+    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.train.engine import build_engine, build_optimizer, build_scheduler
+    from distributed_emb.train.step import plain_step
+
+    transformers.logging.set_verbosity_error()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), seq)
+    size = len(batches[0])
+    warm = collate({"text": np.array(batches[0], dtype=object)})
+    plain = [collate({"text": np.array(t, dtype=object)}) for t in batches[1:]]
+    pool = np.array([t for texts in batches[1:] for t in texts], dtype=object)
+    grouped = LengthGroupedCollator(collate, size, seed=0)({"text": pool})
+    inputs = {DEFAULT: plain, BEFORE: plain, GROUPED: grouped, BF16: plain}
+    weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
+
+    engines = {}
+    for name in VARIANTS:
+        torch.manual_seed(0)
+        encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True)
+        encoder.train()
+        train = TrainLoopConfig(batch_size=size, precision="bf16" if name == BF16 else "fp32")
+        engine = build_engine(encoder, train, 10_000, torch.device("cpu"))
+        if name == BEFORE:
+            engine.optimizer = build_optimizer(engine.module, train.learning_rate, 0.0)
+            engine.scheduler = build_scheduler(engine.optimizer, 10_000, 0.0)
+        plain_step(engine, warm, weights, sync=True)
+        engine.step()
+        engines[name] = engine
+
+    seconds = {name: 0.0 for name in VARIANTS}
+    tokens = {name: 0 for name in VARIANTS}
+    padded = {name: 0 for name in VARIANTS}
+    optimizer_seconds = {name: 0.0 for name in VARIANTS}
+    for index in range(len(plain)):
+        for name in VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]:
+            batch, engine = inputs[name][index], engines[name]
+            started = time.perf_counter()
+            plain_step(engine, batch, weights, sync=True)
+            stepped = time.perf_counter()
+            engine.step()
+            ended = time.perf_counter()
+            seconds[name] += ended - started
+            optimizer_seconds[name] += ended - stepped
+            tokens[name] += int(batch["num_real_tokens"])
+            padded[name] += batch["attention_mask"].numel()
+    torch.set_num_threads(previous)
+    steps = len(plain)
+    return {
+        name: {
+            "ms_per_step": 1000 * seconds[name] / steps,
+            "optimizer_ms_per_step": 1000 * optimizer_seconds[name] / steps,
+            "tokens_per_s": tokens[name] / seconds[name],
+            "padding": 1 - tokens[name] / padded[name],
+            "steps": steps,
+        }
+        for name in VARIANTS
+    }
