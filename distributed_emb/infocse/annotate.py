@@ -61,7 +61,7 @@ class AnnotationConfig:
     """How annotation embeds, clusters and spreads over actors (a config section)."""
 
     pooler: str | None = None  # None: a sentence-transformers dir as saved; see the loader
-    max_seq_length: int | None = None  # None: the model's own
+    max_seq_length: int | None = None  # None: the initial model's own, for every round
     encode_batch_size: int = 128  # sentences per forward pass
     documents_per_batch: int = 8  # documents per map_batches call (one encode call)
     concurrency: int = 2  # annotation actors

@@ -81,6 +81,22 @@ def _is_sentence_transformer(path: str) -> bool:
     return (Path(path) / "modules.json").is_file()
 
 
+def _with_fixed_length(annotation, initial_model: str):
+    """The annotation config with max_seq_length resolved once, from the initial model when
+    unset: a round's export carries the *training* max length (e.g. 32), so "the model's own"
+    would otherwise silently shorten what later rounds cluster on."""
+    from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
+    if annotation.max_seq_length is not None:
+        return annotation
+    fixed = copy.deepcopy(annotation)
+    fixed.max_seq_length = load_sentence_transformer(
+        initial_model, pooler=annotation.pooler, device="cpu"
+    ).max_seq_length
+    log.info("annotating every round at max_seq_length=%s", fixed.max_seq_length)
+    return fixed
+
+
 def _train(
     config: InfoCSEConfig,
     model_dir: str,
@@ -165,6 +181,7 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
     _print_row(records[-1])
     best = records[0]
     current_model, previous_pairs, rounds_without_gain = initial, None, 0
+    annotation_config = _with_fixed_length(config.annotation, initial)
 
     for index in range(1, config.rounds.max_rounds + 1):
         round_dir = output / f"round_{index}"
@@ -172,7 +189,7 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
             shutil.rmtree(round_dir)  # a rerun of the same output dir starts the round afresh
         round_dir.mkdir(parents=True)
         annotation = annotate_documents(
-            corpus.dataset, current_model, str(round_dir / "pairs"), index, config.annotation
+            corpus.dataset, current_model, str(round_dir / "pairs"), index, annotation_config
         )
         pairs_file = round_dir / "pairs_arranged.parquet"
         pairs, _ = _arranged_pairs_file(

@@ -75,3 +75,17 @@ def test_two_rounds_annotate_train_and_export_the_best(
         np.testing.assert_allclose(exported, reference, rtol=1e-6, atol=1e-6)
     assert (tmp_path / "out" / "rounds.md").read_text().startswith("round")
     assert Path(records[1].model_dir).is_dir()
+
+
+def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_path):
+    from distributed_emb.infocse.annotate import AnnotationConfig
+    from distributed_emb.infocse.rounds import _with_fixed_length
+    from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
+    initial = tmp_path / "initial"
+    load_sentence_transformer(tiny_bert_path, pooler="mean", max_seq_length=48).save(str(initial))
+    resolved = _with_fixed_length(AnnotationConfig(), str(initial))
+    assert resolved.max_seq_length == 48  # not a later round's export's training length
+    assert (
+        _with_fixed_length(AnnotationConfig(max_seq_length=20), str(initial)).max_seq_length == 20
+    )
