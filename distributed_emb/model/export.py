@@ -1,8 +1,9 @@
 """Export a trained encoder as a sentence-transformers directory.
 
 The directory holds Transformer → Pooling [→ Dense (the checkpoint's pooler, for `cls`)]
-[→ Dense (the SimCSE MLP, only when mlp_head == "export")], so `SentenceTransformer(path)`
-computes exactly `SentenceEncoder.encode` (checked by tests/model/test_export.py).
+[→ Dense (the SimCSE MLP, only when mlp_head == "export")] [→ Normalize, when the starting
+model had one], so `SentenceTransformer(path)` computes exactly `SentenceEncoder.encode`
+(L2-normalised in the last case; checked by tests/model/test_export.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def export_sentence_transformer(
     output_dir: str,
     max_seq_length: int,
     include_mlp: bool = False,
+    normalize: bool = False,
 ) -> str:
+    """`normalize`: end with a Normalize module (unit-length embeddings), for a model trained
+    from one that had it, so the export keeps its starting model's output contract."""
     from sentence_transformers import SentenceTransformer
 
     modules = _st_modules()
@@ -40,6 +44,8 @@ def export_sentence_transformer(
             stack.append(dense_module(hf_pooler_dense(encoder.backbone), torch.nn.Tanh()))
         if include_mlp and encoder.mlp is not None:
             stack.append(dense_module(encoder.mlp[0], torch.nn.Tanh()))
+        if normalize:
+            stack.append(modules.Normalize())
         model = SentenceTransformer(modules=stack, device="cpu")
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         model.save(output_dir)

@@ -32,6 +32,18 @@ def is_sentence_transformer_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "modules.json").is_file()
 
 
+def ends_with_normalize(path: str | os.PathLike) -> bool:
+    """Does the sentence-transformers dir at `path` L2-normalise its embeddings (a Normalize
+    module, as all-MiniLM-L6-v2 has)? False for a plain HF dir."""
+    import json
+
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return False
+    entries = json.loads(modules.read_text())
+    return any(str(e.get("type", "")).endswith(".Normalize") for e in entries)
+
+
 def pooling_module(hidden_size: int, pooler: str):
     """The sentence-transformers Pooling module for one of our pooler names."""
     if pooler not in POOLERS:

@@ -69,6 +69,7 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     from transformers import AutoTokenizer
 
     from distributed_emb.model.export import export_sentence_transformer
+    from distributed_emb.model.sentence_transformer import ends_with_normalize
     from distributed_emb.train.engine import load_encoder_weights
 
     transformers.logging.set_verbosity_error()
@@ -83,6 +84,9 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
         output_dir,
         config.model.max_seq_length,
         include_mlp=config.model.mlp_head == "export",
+        # A model that started with unit-length embeddings keeps them (cosine scores are the
+        # same either way; dot-product users of e.g. all-MiniLM-L6-v2 rely on it).
+        normalize=ends_with_normalize(config.model_path),
     )
 
 

@@ -36,3 +36,18 @@ def test_unused_hf_pooler_is_dropped_and_cls_keeps_it(tiny_bert_path):
     # Unused parameters would make DDP wait forever for their gradients.
     assert SentenceEncoder(tiny_bert_path, pooler="mean").backbone.pooler is None
     assert SentenceEncoder(tiny_bert_path, pooler="cls").backbone.pooler is not None
+
+
+def test_a_model_that_started_normalised_exports_normalised(tiny_bert_path, tmp_path, minilm_path):
+    from distributed_emb.model.sentence_transformer import ends_with_normalize
+
+    assert ends_with_normalize(minilm_path)  # all-MiniLM-L6-v2 ends with Normalize
+    assert not ends_with_normalize(tiny_bert_path)  # a plain HF dir does not
+    encoder = SentenceEncoder(tiny_bert_path, pooler="mean", mlp_head=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
+    expected = encoder.encode(SENTENCES, tokenizer, 32)
+    expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    out = export_sentence_transformer(encoder, tokenizer, str(tmp_path / "m"), 32, normalize=True)
+    assert ends_with_normalize(out)
+    got = SentenceTransformer(out, device="cpu").encode(SENTENCES)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
