@@ -87,11 +87,12 @@ def resources_per_trial(base: TrainingConfig, space: dict[str, Distribution]) ->
 
 
 def worker_bundles(base: TrainingConfig, space: dict[str, Distribution]) -> list[dict[str, float]]:
-    """Every shape one Train worker's resources can take in this search (build_trainer's
-    resources_per_worker)."""
+    """Every shape one Train worker's resources can take in this search."""
+    from distributed_emb.train.trainer import worker_resources
+
     shapes = []
     for _, _, config in _candidate_configs(base, space):
-        shape = {"CPU": config.train.cpus_per_worker, "GPU": 1.0 if config.train.use_gpu else 0.0}
+        shape = worker_resources(config)
         if shape not in shapes:
             shapes.append(shape)
     return shapes

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def evaluate_dev(model_dir: str, config: InfoCSEConfig) -> dict:
 
         n = training.eval.max_pairs
         dev = StsData(dev.sentences1[:n], dev.sentences2[:n], dev.scores[:n], dev.name)
-    pooler = None if _is_sentence_transformer(model_dir) else training.model.pooler
+    pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
     model = load_sentence_transformer(
         model_dir, pooler=pooler, max_seq_length=training.model.max_seq_length, device="cpu"
     )
@@ -75,10 +76,6 @@ def evaluate_dev(model_dir: str, config: InfoCSEConfig) -> dict:
         "retrieval_mrr": retrieval["mrr"],
         "retrieval_recall_at_1": retrieval["recall@1"],
     }
-
-
-def _is_sentence_transformer(path: str) -> bool:
-    return (Path(path) / "modules.json").is_file()
 
 
 def _with_fixed_length(annotation, initial_model: str):
@@ -277,7 +274,7 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None
     target = output / "model"
     if target.exists():
         shutil.rmtree(target)
-    if best.stage == "initial" and not _is_sentence_transformer(best.model_dir):
+    if best.stage == "initial" and not is_sentence_transformer_dir(best.model_dir):
         from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
         load_sentence_transformer(

@@ -38,15 +38,14 @@ def build_trainer(
     from ray.train.torch import TorchTrainer
 
     train = config.train
-    resources = {"CPU": train.cpus_per_worker}
-    if train.use_gpu:
-        resources["GPU"] = 1
     storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"training": to_dict(config), "num_rows": num_rows},
         scaling_config=ScalingConfig(
-            num_workers=train.num_workers, use_gpu=train.use_gpu, resources_per_worker=resources
+            num_workers=train.num_workers,
+            use_gpu=train.use_gpu,
+            resources_per_worker=worker_resources(config),
         ),
         run_config=RunConfig(
             name=run_name or config.output.run_name or f"train-{int(time.time())}",
@@ -61,6 +60,14 @@ def build_trainer(
         ),
         datasets={"train": dataset},
     )
+
+
+def worker_resources(config: TrainingConfig) -> dict[str, float]:
+    """What one Ray Train worker holds (its placement-group bundle)."""
+    resources = {"CPU": config.train.cpus_per_worker}
+    if config.train.use_gpu:
+        resources["GPU"] = 1
+    return resources
 
 
 def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: str) -> str:
@@ -112,9 +119,9 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         with best.as_directory() as directory:
             model_dir = export_checkpoint(config, directory, str(output / "model"))
     first, last = (history[0], history[-1]) if history else ({}, {})
-    candidates = [r for r in history if config.eval.start_is_candidate or r.get("step", 0) > 0]
-    best_row = max(candidates, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})
     trained = [row for row in history if row.get("step", 0) > 0]
+    candidates = history if config.eval.start_is_candidate else trained
+    best_row = max(candidates, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})
     metrics = {
         "stsb_dev_before": first.get(DEV_METRIC),
         "stsb_dev_after": last.get(DEV_METRIC),
