@@ -90,3 +90,14 @@ def broadcast_object(obj, src: int = 0):
     holder = [obj]
     dist.broadcast_object_list(holder, src=src)
     return holder[0]
+
+
+def all_ranks(flag: bool) -> bool:
+    """True when `flag` is true on every rank (one tiny all-reduce; CPU tensor on gloo)."""
+    if world_size() == 1:
+        return flag
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    if dist.get_backend() == "nccl":
+        value = value.cuda()
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())

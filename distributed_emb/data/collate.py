@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from distributed_emb.data.readers import ROW_ID
+
 try:  # Ray ≥ 2.47 wants a collate class; the collator also works as a plain callable.
     from ray.data.collate_fn import NumpyBatchCollateFn as _CollateBase
 except ImportError:  # pragma: no cover
@@ -60,6 +62,8 @@ class ContrastiveCollator(_CollateBase):
             out = {k: encoded[k] for k in ("input_ids", "attention_mask")}
         out["num_truncated"] = encoded["num_truncated"]
         out["num_real_tokens"] = out["attention_mask"].sum()
+        if ROW_ID in batch:  # which corpus rows this batch trained on (exact resume)
+            out["row_ids"] = torch.as_tensor(np.asarray(batch[ROW_ID], dtype=np.int64))
         if self.group_column is not None:
             out["groups"] = torch.as_tensor(_group_ids(batch[self.group_column]), dtype=torch.long)
         if self.mlm_probability:

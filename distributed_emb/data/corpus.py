@@ -1,272 +1,217 @@
-"""Sentence corpora (txt, JSONL, Parquet, HF datasets) → a clean Ray Dataset, with counted drops.
+"""Sentence corpora and pair tables → a lazy, streaming Ray Dataset, with exact drop counts.
 
-Cleaning is one streaming pass on the driver: every dropped row is counted by reason, and the
-first few are logged with their file and line, so a user sees exactly what was lost. The clean
-rows become a Ray Dataset that Ray Train splits across workers (`get_dataset_shard`), where
-tokenisation happens. Over-long rows are kept and truncated by the tokenizer in the workers
-(counted there, see data/collate.py).
+The driver only lists the files (data/sources.py). Reading, parsing and cleaning run as Ray
+Data tasks (data/readers.py); training consumes the stream shard by shard
+(data/sharding.py), so a corpus of any size starts training as soon as its first block is
+read, and nothing of it passes through the driver.
 
-Why the driver: exact global de-duplication and exact counts need one pass over all rows; a
-sentence corpus of tens of millions of lines fits comfortably (a few GB of Arrow strings). For
-larger corpora, pre-shard into several files/runs.
+Drop counts: each cleaning task counts its block's rows by reason and hands the counts to one
+small actor (`DropCounter`) under the block's first row id. A block read again (the next
+epoch, another worker's shard, a retried task) brings the same key and is counted once, so the
+totals are exact for every row the run has read, however the corpus is cut into blocks.
+
+De-duplication (`data.deduplicate`, off by default) is a distributed stage: rows are
+hash-partitioned by their text so that every copy of a row lands in the same block, and each
+block keeps the first copy. It is an all-to-all step: training then waits for one full pass
+over the corpus (measured in docs/BENCHMARKS.md), which is why it is opt-in.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from distributed_emb.data.readers import (
+    DROP,
+    ROW_ID,
+    WHERE,
+    DropReport,
+    TextRows,
+    corpus_datasource,
+    iter_parsed_blocks,
+)
+from distributed_emb.data.sources import CorpusError, resolve_sources
 
 log = logging.getLogger(__name__)
 
-MAX_LOGGED_EXAMPLES = 5
-SUFFIX_FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-
-
-class CorpusError(ValueError):
-    """A corpus cannot be read at all (missing file, missing column); names file/column."""
-
-
-@dataclass
-class CorpusReport:
-    """What the cleaning pass kept and dropped, by reason."""
-
-    kept: int = 0
-    dropped: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)  # "file:line: reason" for the first few
-
-    def drop(self, reason: str, where: str) -> None:
-        self.dropped[reason] += 1
-        if len(self.examples) < MAX_LOGGED_EXAMPLES:
-            self.examples.append(f"{where}: {reason}")
-            log.warning("corpus: dropped %s: %s", where, reason)
-
-    @property
-    def total(self) -> int:
-        return self.kept + sum(self.dropped.values())
-
-    def as_dict(self) -> dict:
-        return {
-            "read": self.total,
-            "kept": self.kept,
-            "dropped": dict(self.dropped),
-            "examples": list(self.examples),
-        }
-
-    def summary(self) -> str:
-        parts = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items())) or "none"
-        return f"corpus: read {self.total} rows, kept {self.kept}, dropped: {parts}"
-
-
-def detect_format(path: str, declared: str) -> str:
-    if declared != "auto":
-        return declared
-    p = Path(path)
-    if p.is_dir():
-        if (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists():
-            return "hf"
-        suffixes = {f.suffix for f in p.iterdir() if f.is_file()}
-        for suffix, fmt in SUFFIX_FORMATS.items():
-            if suffix in suffixes:
-                return fmt
-        raise CorpusError(f"{path}: directory holds no .txt, .jsonl or .parquet files")
-    if p.suffix in SUFFIX_FORMATS:
-        return SUFFIX_FORMATS[p.suffix]
-    if not p.exists():
-        return "hf"  # a hub dataset name
-    raise CorpusError(f"{path}: cannot tell the format from the suffix; set data.format")
-
-
-def _files(path: str, suffixes: tuple[str, ...]) -> list[Path]:
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix in suffixes)
-        if not files:
-            raise CorpusError(f"{path}: no {'/'.join(suffixes)} files in directory")
-        return files
-    if not p.is_file():
-        raise CorpusError(f"{path}: file does not exist")
-    return [p]
-
-
-# Each reader yields (row dict | None, where, reason-if-None) for every physical row.
-Row = tuple[dict | None, str, str | None]
-
-
-def _read_txt(path: str, columns: list[str], report: CorpusReport) -> Iterator[Row]:
-    if columns != ["text"]:
-        raise CorpusError(f"{path}: plain text holds one sentence a line; pairs need JSONL/Parquet")
-    for file in _files(path, (".txt",)):
-        with open(file, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                where = f"{file}:{number}"
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    yield None, where, "invalid_utf8"
-                    continue
-                yield {"text": text}, where, None
-
-
-def _read_jsonl(path: str, columns: list[str], report: CorpusReport) -> Iterator[Row]:
-    for file in _files(path, (".jsonl", ".json")):
-        with open(file, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                where = f"{file}:{number}"
-                if not raw.strip():
-                    yield None, where, "empty"
-                    continue
-                try:
-                    record = json.loads(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    yield None, where, "invalid_utf8"
-                    continue
-                except json.JSONDecodeError:
-                    yield None, where, "invalid_json"
-                    continue
-                if not isinstance(record, dict):
-                    yield None, where, "not_an_object"
-                    continue
-                missing = [c for c in columns if c not in record]
-                if missing:
-                    yield None, where, f"missing_field:{missing[0]}"
-                    continue
-                yield {c: record[c] for c in columns}, where, None
-
-
-def _read_parquet(path: str, columns: list[str], report: CorpusReport) -> Iterator[Row]:
-    import pyarrow.parquet as pq
-
-    for file in _files(path, (".parquet",)):
-        parquet = pq.ParquetFile(file)
-        missing = [c for c in columns if c not in parquet.schema_arrow.names]
-        if missing:
-            raise CorpusError(
-                f"{file}: no column {missing[0]!r} (columns: {parquet.schema_arrow.names})"
-            )
-        row = 0
-        for batch in parquet.iter_batches(columns=columns, batch_size=65536):
-            for record in batch.to_pylist():
-                row += 1
-                yield record, f"{file}:row {row}", None
-
-
-def _read_hf(path: str, columns: list[str], report: CorpusReport, split: str) -> Iterator[Row]:
-    import datasets
-
-    if Path(path).exists():
-        loaded = datasets.load_from_disk(path)
-    else:
-        name = path.removeprefix("hf://")
-        loaded = datasets.load_dataset(name, split=split)
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise CorpusError(f"{path}: no split {split!r} (splits: {list(loaded)})")
-        loaded = loaded[split]
-    missing = [c for c in columns if c not in loaded.column_names]
-    if missing:
-        raise CorpusError(f"{path}: no column {missing[0]!r} (columns: {loaded.column_names})")
-    for index, record in enumerate(loaded.select_columns(columns)):
-        yield record, f"{path}[{split}] row {index}", None
-
-
-def read_rows(
-    path: str,
-    fmt: str = "auto",
-    columns: list[str] | None = None,
-    hf_split: str = "train",
-    deduplicate: bool = True,
-    max_rows: int | None = None,
-) -> tuple[dict[str, list[str]], CorpusReport]:
-    """Clean rows of `columns` (text fields) from a corpus, plus the report of drops.
-
-    A row is dropped (and counted) when a field is missing, not a string, invalid UTF-8,
-    empty or whitespace-only, or when it repeats an earlier row exactly (after stripping).
-    """
-    columns = columns or ["text"]
-    fmt = detect_format(path, fmt)
-    report = CorpusReport()
-    readers = {"txt": _read_txt, "jsonl": _read_jsonl, "parquet": _read_parquet}
-    if fmt == "hf":
-        rows = _read_hf(path, columns, report, hf_split)
-    elif fmt in readers:
-        rows = readers[fmt](path, columns, report)
-    else:
-        raise CorpusError(f"{path}: unknown format {fmt!r}")
-    kept: dict[str, list[str]] = {c: [] for c in columns}
-    seen: set[int] = set()
-    for record, where, reason in rows:
-        if max_rows is not None and report.kept >= max_rows:
-            break
-        if record is None:
-            report.drop(reason, where)
-            continue
-        values = []
-        for column in columns:
-            value = record[column]
-            if value is None:
-                reason = "empty"
-                break
-            if not isinstance(value, str):
-                reason = f"not_text:{column}"
-                break
-            value = value.strip()
-            if not value:
-                reason = "empty"
-                break
-            values.append(value)
-        if reason is not None:
-            report.drop(reason, where)
-            continue
-        if deduplicate:
-            key = hash(tuple(values))
-            if key in seen:
-                report.dropped["duplicate"] += 1  # common and harmless: counted, not logged
-                continue
-            seen.add(key)
-        for column, value in zip(columns, values):
-            kept[column].append(value)
-        report.kept += 1
-    if report.kept == 0:
-        raise CorpusError(f"{path}: no usable rows ({report.summary()})")
-    log.info(report.summary())
-    return kept, report
+__all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows", "training_dataset"]
 
 
 def corpus_columns(data_config) -> list[str]:
     if data_config.kind == "sentences":
         return [data_config.text_column]
-    columns = [data_config.anchor_column, data_config.positive_column]
-    if data_config.group_column:
-        columns.append(data_config.group_column)
-    return columns
+    return [data_config.anchor_column, data_config.positive_column]
 
 
-def load_training_dataset(data_config):
-    """The training corpus as a Ray Dataset plus its cleaning report."""
-    import ray
+def text_rules(data_config) -> TextRows:
+    group = data_config.group_column if data_config.kind == "pairs" else None
+    return TextRows(corpus_columns(data_config), group, data_config.max_chars)
 
+
+def corpus_path(data_config) -> str | list[str]:
     from distributed_emb.paths import shipped_corpus
 
-    path = data_config.path or shipped_corpus("wiki_sentences.txt")
-    columns = corpus_columns(data_config)
-    rows, report = read_rows(
-        path,
-        data_config.format,
-        columns,
-        data_config.hf_split,
-        data_config.deduplicate,
-        data_config.max_rows,
-    )
-    table = pa.table(rows)
-    if data_config.shuffle_seed is not None:
-        order = np.random.default_rng(data_config.shuffle_seed).permutation(table.num_rows)
-        table = table.take(pa.array(order))
-    # Several blocks so the dataset can be split across workers.
-    return ray.data.from_arrow(table).repartition(max(1, min(64, table.num_rows // 512))), report
+    return data_config.path or shipped_corpus("wiki_sentences.txt")
+
+
+# ---------------------------------------------------------------------------------------------
+# Drop counting across Ray tasks
+# ---------------------------------------------------------------------------------------------
+
+
+class DropCounter:
+    """Collects per-block drop counts; a block reported twice (re-read) counts once."""
+
+    def __init__(self):
+        self._blocks: set[int] = set()
+        self._report = DropReport()
+
+    def add(self, key: int, counts: dict) -> None:
+        if key in self._blocks:
+            return
+        self._blocks.add(key)
+        self._report.merge(DropReport.from_dict(counts))
+
+    def report(self) -> dict:
+        return self._report.as_dict()
+
+
+def start_drop_counter():
+    """The counter actor of one run (no CPU: it only adds numbers)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(DropCounter).remote()
+
+
+def collect_report(counter) -> DropReport:
+    import ray
+
+    return DropReport.from_dict(ray.get(counter.report.remote()))
+
+
+class KeepCleanRows:
+    """Ray Data stage: count a parsed block's rows by reason (sent to the DropCounter) and pass
+    on only the kept rows, with their row ids."""
+
+    def __init__(self, counter):
+        self.counter = counter
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        import ray
+
+        if block.num_rows == 0:
+            return block.drop_columns([DROP, WHERE])
+        report = DropReport.of_block(block)
+        key = int(pc.min(block.column(ROW_ID)).as_py())
+        ray.get(self.counter.add.remote(key, report.as_dict()))
+        kept = block.filter(pc.equal(block.column(DROP), ""))
+        return kept.drop_columns([DROP, WHERE])
+
+
+def _text_key(block: pa.Table, columns: list[str]) -> np.ndarray:
+    """A 64-bit hash of each row's text columns (exact duplicates collide, others not)."""
+    values = zip(*(block.column(c).to_pylist() for c in columns))
+    digests = [
+        hashlib.blake2b("\x1f".join(v).encode(), digest_size=8).digest() for v in values
+    ]
+    return np.frombuffer(b"".join(digests), dtype=np.int64) if digests else np.zeros(0, np.int64)
+
+
+def _with_text_key(block: pa.Table, columns: list[str]) -> pa.Table:
+    return block.append_column("_text_key", pa.array(_text_key(block, columns)))
+
+
+class KeepFirstCopies:
+    """After hash-partitioning by text: keep each text's first copy (lowest row id), count the
+    rest as `duplicate` under the block's first row id (stable across re-execution)."""
+
+    def __init__(self, counter):
+        self.counter = counter
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        import ray
+
+        if block.num_rows == 0:
+            return block.drop_columns(["_text_key"])
+        order = np.lexsort((block.column(ROW_ID).to_numpy(), block.column("_text_key").to_numpy()))
+        keys = block.column("_text_key").to_numpy()[order]
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        duplicates = int((~first).sum())
+        if duplicates:
+            # Already read and kept by KeepCleanRows: a duplicate moves from kept to dropped.
+            report = DropReport(kept=-duplicates, dropped={"duplicate": duplicates})
+            key = -1 - int(block.column(ROW_ID).to_numpy().min())  # apart from read-block keys
+            ray.get(self.counter.add.remote(key, report.as_dict()))
+        kept = block.take(pa.array(np.sort(order[first])))
+        return kept.drop_columns(["_text_key"])
+
+
+def training_dataset(data_config, counter):
+    """The clean training corpus as a lazy Ray Dataset {columns..., _row_id}.
+
+    Nothing is read here: reading starts when training (or `count()`) consumes the stream."""
+    import ray
+
+    files = resolve_sources(corpus_path(data_config), data_config.hf_split)
+    rules = text_rules(data_config)
+    log.info("corpus: %s", files.describe())
+    dataset = ray.data.read_datasource(corpus_datasource(files, rules, data_config.block_rows))
+    dataset = dataset.map_batches(KeepCleanRows(counter), batch_size=None, batch_format="pyarrow")
+    if data_config.deduplicate:
+        columns = rules.fields
+        dataset = dataset.map_batches(
+            _with_text_key, fn_kwargs={"columns": columns}, batch_size=None, batch_format="pyarrow"
+        )
+        partitions = max(1, data_config.dedup_partitions)
+        dataset = dataset.repartition(partitions, keys=["_text_key"])
+        dataset = dataset.map_batches(
+            KeepFirstCopies(counter), batch_size=None, batch_format="pyarrow"
+        )
+    if data_config.max_rows is not None:
+        dataset = dataset.limit(data_config.max_rows)
+    return dataset
+
+
+# ---------------------------------------------------------------------------------------------
+# The same rows in this process (no Ray): the reference for tests and for small inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def read_rows(
+    path: str | list[str],
+    columns: list[str] | None = None,
+    group_column: str | None = None,
+    hf_split: str = "train",
+    deduplicate: bool = False,
+    max_rows: int | None = None,
+    max_chars: int = 20_000,
+) -> tuple[dict[str, list[str]], DropReport]:
+    """Clean rows of `columns` in file order, plus the drop report, read in this process.
+
+    Same files, rules and counts as the Ray path (`training_dataset`); for inputs small enough
+    for one process (MCR² pair tables, tests)."""
+    rules = TextRows(columns or ["text"], group_column, max_chars)
+    report = DropReport()
+    kept: dict[str, list[str]] = {name: [] for name in rules.fields}
+    seen: set[tuple] = set()
+    for block in iter_parsed_blocks(resolve_sources(path, hf_split), rules):
+        report.merge(DropReport.of_block(block))
+        for values in block.filter(pc.equal(block.column(DROP), "")).select(rules.fields).to_pylist():
+            key = tuple(values[name] for name in rules.fields)
+            if deduplicate and key in seen:
+                report.kept -= 1  # counted as read and kept above: it moves to dropped
+                report.dropped["duplicate"] = report.dropped.get("duplicate", 0) + 1
+                continue
+            seen.add(key)
+            if max_rows is not None and len(kept[rules.fields[0]]) >= max_rows:
+                break
+            for name in rules.fields:
+                kept[name].append(values[name])
+    if not kept[rules.fields[0]]:
+        raise CorpusError(f"{path}: no usable rows ({report.summary()})")
+    return kept, report

@@ -15,11 +15,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import torch
 
 from distributed_emb import distributed
 from distributed_emb.config import TrainingConfig, training_config_from_dict
 from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
+from distributed_emb.data.epoch_stream import epoch_batches, load_epoch_rows, save_epoch_rows
 from distributed_emb.losses.objective import ObjectiveWeights
 from distributed_emb.model.encoder import SentenceEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
@@ -42,8 +44,15 @@ def build_encoder(config: TrainingConfig) -> SentenceEncoder:
     )
 
 
-def plan_steps(config: TrainingConfig, num_rows: int, world_size: int) -> tuple[int, int]:
-    """(batches per epoch per worker, optimizer steps in total), equal on every rank."""
+def plan_steps(config: TrainingConfig, num_rows: int | None, world_size: int) -> int:
+    """Optimizer steps in total (what the learning-rate schedule spans).
+
+    `num_rows` None: the corpus was not counted (a stream with `train.max_steps` set), and the
+    run takes `max_steps` steps unless its epochs run out first."""
+    if num_rows is None:
+        if config.train.max_steps is None:
+            raise ValueError("an uncounted corpus needs train.max_steps")
+        return config.train.max_steps
     batches_per_epoch = num_rows // (world_size * config.train.batch_size)
     if batches_per_epoch < config.train.gradient_accumulation_steps:
         raise ValueError(
@@ -53,7 +62,7 @@ def plan_steps(config: TrainingConfig, num_rows: int, world_size: int) -> tuple[
     steps = config.train.epochs * batches_per_epoch // config.train.gradient_accumulation_steps
     if config.train.max_steps is not None:
         steps = min(steps, config.train.max_steps)
-    return batches_per_epoch, steps
+    return steps
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -77,18 +86,22 @@ def train_loop_per_worker(loop_config: dict) -> None:
     )
     encoder = build_encoder(config)
     encoder.train()  # from_pretrained returns eval mode: without this there is no dropout noise
-    batches_per_epoch, total_steps = plan_steps(config, loop_config["num_rows"], world)
+    total_steps = plan_steps(config, loop_config["num_rows"], world)
     engine = build_engine(encoder, config.train, total_steps, device)
     weights = ObjectiveWeights.from_config(config.loss)
     accumulation = config.train.gradient_accumulation_steps
     step_fn = _step_function(config)
 
     state = LoopState()
+    # Row ids every rank trained on in the current epoch before the checkpoint: skipped when
+    # the epoch resumes (the union of all ranks, so a changed worker count stays exact too).
+    trained_before = np.zeros(0, dtype=np.int64)
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             engine.load(directory)
             state = load_loop_state(directory, rank)
+            trained_before = load_epoch_rows(directory)
         state.restarts += 1
         if rank == 0:
             log.warning(
@@ -110,13 +123,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
         mlm_probability=config.loss.mlm_probability if config.loss.mlm_weight > 0 else None,
         seed=config.train.seed + rank,
     )
-    # Length grouping: Ray hands over pools of `group` batches, the collator cuts each pool
-    # into `group` batches of similar length (a list, which Ray does not move to the device).
+    # Length grouping: pools of `group` batches, which the collator cuts into `group` batches
+    # of similar length.
     group = max(1, config.data.length_group_batches)
     if group > 1:
         collate = LengthGroupedCollator(collate, config.train.batch_size, config.train.seed + rank)
+    epoch_rows: list[np.ndarray] = [trained_before]  # this epoch's trained row ids, all ranks
     shard = ray.train.get_dataset_shard("train")
-    progress = ProgressLog(total_steps, world * config.train.batch_size, enabled=rank == 0)
+    progress = ProgressLog.for_worker(config, total_steps, world, rank, start_step=state.step)
 
     truncated_since_report = torch.zeros((), dtype=torch.long, device=device)
 
@@ -141,40 +155,37 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "final": final,
         }
         state.history.append({k: v for k, v in metrics.items() if k != "final"})
-        progress.print_eval(state.step, score)
-        _report(engine, state, metrics, loop_config["training"], rank)
+        progress.print_eval(state.step, score, metrics)
+        _report(engine, state, metrics, loop_config["training"], rank, epoch_rows)
         progress.restart_clock()
 
     if state.step == 0 and not state.history:
         evaluate_and_report()  # the starting point, so a run shows whether training helped
 
     checkpoint_every = config.train.checkpoint_steps or config.eval.eval_steps
-    while state.step < total_steps:
-        batches = shard.iter_torch_batches(
-            batch_size=config.train.batch_size * group,
-            collate_fn=collate,
-            drop_last=group == 1,  # a last partial pool still gives its whole batches
-            device=device if group == 1 else "cpu",
-            local_shuffle_buffer_size=(
-                None if config.data.shuffle_seed is None else 4 * config.train.batch_size * group
-            ),
-            local_shuffle_seed=config.train.seed + 1000 * state.epoch + rank,
+    while state.step < total_steps and state.epoch < config.train.epochs:
+        skip = np.concatenate(epoch_rows) if state.batches_in_epoch else None
+        pools = epoch_batches(
+            shard,
+            config.train.batch_size * group,
+            None if config.data.shuffle_seed is None else config.data.shuffle_buffer_rows,
+            seed=(config.data.shuffle_seed or 0) + 1000 * state.epoch + rank,
+            skip=skip,
         )
-        if group > 1:
-            batches = _ungrouped(batches, device)
         # Per optimizer step (summed over its micro-batches): seconds waiting for batches,
         # seconds computing, real tokens. Plain numbers and tensors: no host/device sync.
         waited, computed, real_tokens = 0.0, 0.0, 0
-        for index, (batch, wait) in enumerate(_timed(batches)):
-            if index >= batches_per_epoch:
-                break  # every rank stops at the same count
-            if index < state.batches_in_epoch:
-                continue  # resumed mid-epoch: these batches were trained on before the restart
+        for batch, wait in _timed(_collated(pools, collate, device)):
+            # Every rank must take the same steps (gathers wait for all): the epoch ends for
+            # all as soon as one rank's shard runs out.
+            if not distributed.all_ranks(batch is not None):
+                break
             waited += wait
             started = time.perf_counter()
             micro = state.batches_in_epoch % accumulation
             metrics = step_fn(engine, batch, weights, sync=micro == accumulation - 1)
             state.batches_in_epoch += 1
+            epoch_rows.append(batch["row_ids"].cpu().numpy())
             truncated_since_report += batch["num_truncated"]
             real_tokens = real_tokens + batch["num_real_tokens"]
             if micro != accumulation - 1:
@@ -197,6 +208,18 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if state.step < total_steps:
             state.epoch += 1
             state.batches_in_epoch = 0
+            epoch_rows = [np.zeros(0, dtype=np.int64)]
+    if state.step == 0:
+        raise ValueError(
+            f"the corpus gave no full step: rank {rank}'s shard has fewer than "
+            f"batch_size × gradient_accumulation_steps = {config.train.batch_size * accumulation}"
+            f" rows (world size {world}); use a larger corpus or a smaller batch"
+        )
+    if state.history and state.history[-1].get("step") != state.step:
+        # The corpus ran out before total_steps (an uncounted stream): the last step is final.
+        if rank == 0:
+            log.warning("the corpus ended after %d of %d planned steps", state.step, total_steps)
+        evaluate_and_report(final=True)
     progress.close()
 
 
@@ -222,11 +245,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _ungrouped(pools: Iterable[list[dict]], device: torch.device) -> Iterator[dict]:
-    """Each pool's batches in turn, moved to the training device."""
+def _collated(pools: Iterable[dict], collate, device: torch.device) -> Iterator[dict | None]:
+    """Training batches on the device (a pool gives one batch, or several when length-grouped),
+    then None for as long as the caller asks: this rank's shard has run out."""
     for pool in pools:
-        for batch in pool:
+        collated = collate(pool)
+        for batch in collated if isinstance(collated, list) else [collated]:
             yield {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+    while True:
+        yield None
 
 
 def _timed(batches: Iterable) -> Iterator[tuple[object, float]]:
@@ -278,13 +305,17 @@ def _dev_score(encoder, tokenizer, dev, config: TrainingConfig) -> float:
     return sts_spearman(encode, dev)
 
 
-def _report(engine, state: LoopState, metrics: dict, config_dict: dict, rank: int) -> None:
+def _report(
+    engine, state: LoopState, metrics: dict, config_dict: dict, rank: int, epoch_rows: list
+) -> None:
     import ray.train
 
     with tempfile.TemporaryDirectory() as directory:
         if rank == 0 or engine.saves_on_every_rank:
             engine.save(directory)
-        # Every rank adds its own RNG file; Ray merges the ranks' files into one checkpoint.
+        # Every rank adds its own RNG and trained-rows files; Ray merges the ranks' files into
+        # one checkpoint.
         save_loop_state(directory, state, config_dict, rank)
+        save_epoch_rows(directory, rank, epoch_rows)
         checkpoint = ray.train.Checkpoint.from_directory(directory)
         ray.train.report(metrics, checkpoint=checkpoint)

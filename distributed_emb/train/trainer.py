@@ -12,7 +12,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+from distributed_emb.data.sharding import RowShardedDataConfig
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
 
 log = logging.getLogger(__name__)
@@ -28,7 +31,7 @@ class TrainingResult:
 def build_trainer(
     config: TrainingConfig,
     dataset,
-    num_rows: int,
+    num_rows: int | None,
     run_name: str | None = None,
     callbacks: list | None = None,
 ):
@@ -59,7 +62,18 @@ def build_trainer(
             callbacks=list(callbacks or []),
         ),
         datasets={"train": dataset},
+        # A fixed shard per rank (by row id), so a resumed epoch skips exactly what it trained.
+        dataset_config=RowShardedDataConfig(),
     )
+
+
+def count_rows(config: TrainingConfig, dataset) -> int | None:
+    """The corpus's row count when the schedule needs it; None for a stream whose run length
+    is `train.max_steps` (counting means one full read pass before the first step)."""
+    if config.train.max_steps is not None:
+        return None
+    log.info("counting the corpus (one read pass; set train.max_steps to start at once)")
+    return dataset.count()
 
 
 def worker_resources(config: TrainingConfig) -> dict[str, float]:
@@ -99,18 +113,21 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
 
 def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> TrainingResult:
     """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json."""
-    from distributed_emb.data.corpus import load_training_dataset
-
     started = time.time()
     output = Path(config.output.dir)
     output.mkdir(parents=True, exist_ok=True)
+    counter = None
     if dataset is None:
-        dataset, corpus_report = load_training_dataset(config.data)
-    num_rows = dataset.count()
+        counter = start_drop_counter()
+        dataset = training_dataset(config.data, counter)
+    num_rows = count_rows(config, dataset)
     trainer = build_trainer(config, dataset, num_rows)
     result = trainer.fit()
     if result.error is not None:
         raise result.error
+    if counter is not None:
+        corpus_report = collect_report(counter)
+        log.info(corpus_report.summary())
 
     best = _best_checkpoint(result, config.eval.start_is_candidate)
     history = _history(result.checkpoint)
@@ -142,7 +159,8 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     }
     if model_dir is not None and config.eval.test_after_training:
         metrics["stsb_test"] = _stsb_test(config, model_dir)
-    (output / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+    # Atomic: a run killed here leaves the previous metrics.json, never a truncated one.
+    write_text_atomic(output / "metrics.json", json.dumps(metrics, indent=2, default=str))
     return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
 
 

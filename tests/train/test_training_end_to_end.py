@@ -21,6 +21,7 @@ def tiny_config(tmp_path, tiny_bert_path):
             f"model.path={tiny_bert_path}",
             f"data.path={corpus}",
             "data.max_rows=null",
+            "data.deduplicate=true",
             "train.max_steps=4",
             "eval.eval_steps=2",
             "loss.reconstruction_weight=0.5",

@@ -1,0 +1,369 @@
+"""Reading corpus files into parsed rows: one reader for every format, run by Ray Data tasks.
+
+Every file listed by data/sources.py is read here, by its suffix, in blocks:
+
+- ``.txt``: one text a line; LF, CRLF and CR line ends alike;
+- ``.jsonl``/``.json``: one JSON object a line;
+- ``.parquet`` and ``.arrow`` (a saved Hugging Face dataset): record batches;
+- any of them compressed with gzip, zstd or bz2 (decompressed while streaming).
+
+A line is never held whole beyond ``4 × max_chars`` bytes: a 10 MB line is skipped as it streams
+and counted as ``too_long``. Each row leaves the reader either kept (its normalised values) or
+with a drop reason and where it was (``file:line``); nothing is lost without a count.
+
+Every row gets a stable id, ``file index << 36 | line (or row) number``: the same row has the
+same id in every epoch, on every worker and in every run over the same files, which is what
+sharding (data/sharding.py) and exact resume (train/loop.py) rely on.
+
+`RowRules` decides what a record means (sentence/pair corpora here, documents in
+data/documents.py); the reader only turns bytes into records.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from distributed_emb.data.sources import CorpusError, CorpusFiles, SourceFile
+
+ROW_ID = "_row_id"
+DROP = "_drop"  # "" for a kept row, else the reason
+WHERE = "_where"  # "file:line: detail" for a dropped row, null for a kept one
+FILE_BITS = 36  # rows per file < 2**36; files < 2**27
+MAX_EXAMPLES = 5
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def row_id(file_index: int, number: int) -> int:
+    return (file_index << FILE_BITS) | number
+
+
+class RowRules(Protocol):
+    """What a record means: which fields to read and how a record becomes a kept row."""
+
+    fields: list[str]  # record fields to read (Parquet/Arrow columns are pruned to these)
+    required: list[str]  # fields every Parquet/Arrow file must have
+    schema: pa.Schema  # the kept row's columns
+    max_chars: int
+
+    def normalise(self, record: dict) -> tuple[dict | None, str, str]:
+        """(kept values, "", "") or (None, drop reason, detail)."""
+
+
+@dataclass
+class TextRows:
+    """Sentence corpora (one text column) and pair tables (anchor, positive [, group]).
+
+    A row is dropped when a field is missing, null, not a string, empty after stripping, or
+    longer than `max_chars` characters (a character cap before tokenisation: a 10 MB "sentence"
+    is a broken file, not training data). The group column may also be an integer."""
+
+    columns: list[str]
+    group_column: str | None = None
+    max_chars: int = 20_000
+
+    @property
+    def fields(self) -> list[str]:
+        return self.columns + ([self.group_column] if self.group_column else [])
+
+    @property
+    def required(self) -> list[str]:
+        return self.fields
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([(name, pa.string()) for name in self.fields])
+
+    def normalise(self, record: dict) -> tuple[dict | None, str, str]:
+        values = {}
+        for name in self.fields:
+            if name not in record:
+                return None, f"missing_field:{name}", ""
+            value = record[name]
+            if value is None:
+                return None, "empty", f"{name} is null"
+            if name == self.group_column and isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)
+            if not isinstance(value, str):
+                return None, f"not_text:{name}", type(value).__name__
+            value = value.strip()
+            if not value:
+                return None, "empty", ""
+            if len(value) > self.max_chars:
+                return None, "too_long", f"{len(value)} characters > max_chars {self.max_chars}"
+            values[name] = value
+        return values, "", ""
+
+
+@dataclass
+class DropReport:
+    """What reading kept and dropped, by reason, with the first few places of each reason.
+
+    Counted per block where the block is read and merged exactly (`merge`), so the totals are
+    the same however the corpus is cut into blocks."""
+
+    rows: int = 0
+    kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)  # e.g. blank_sentences_removed
+
+    def drop(self, reason: str, where: str, count: int = 1) -> None:
+        self.rows += count
+        self.dropped[reason] = self.dropped.get(reason, 0) + count
+        examples = self.examples.setdefault(reason, [])
+        if where and len(examples) < MAX_EXAMPLES:
+            examples.append(where)
+
+    def merge(self, other: DropReport) -> None:
+        self.rows += other.rows
+        self.kept += other.kept
+        for reason, count in other.dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + count
+            examples = self.examples.setdefault(reason, [])
+            examples.extend(other.examples.get(reason, [])[: MAX_EXAMPLES - len(examples)])
+        for name, count in other.counters.items():
+            self.counters[name] = self.counters.get(name, 0) + count
+
+    @property
+    def total(self) -> int:
+        return self.rows
+
+    @property
+    def blank_sentences_removed(self) -> int:
+        return self.counters.get("blank_sentences_removed", 0)
+
+    def as_dict(self) -> dict:
+        return {
+            "read": self.rows,
+            "kept": self.kept,
+            "dropped": dict(sorted(self.dropped.items())),
+            "examples": {k: list(v) for k, v in sorted(self.examples.items())},
+            **({"counters": dict(self.counters)} if self.counters else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, tree: dict) -> DropReport:
+        return cls(
+            tree["read"], tree["kept"], dict(tree["dropped"]), dict(tree["examples"]),
+            dict(tree.get("counters", {})),
+        )  # fmt: skip
+
+    def summary(self, what: str = "corpus") -> str:
+        parts = ", ".join(f"{k}={v}" for k, v in sorted(self.dropped.items())) or "none"
+        lines = [f"{what}: read {self.rows} rows, kept {self.kept}, dropped: {parts}"]
+        for reason, wheres in sorted(self.examples.items()):
+            lines.extend(f"  {reason}: {where}" for where in wheres)
+        return "\n".join(lines)
+
+    @classmethod
+    def of_block(cls, table: pa.Table) -> DropReport:
+        """The counts of one parsed block (a table with DROP and WHERE columns)."""
+        report = cls()
+        reasons = table.column(DROP).to_pylist()
+        wheres = table.column(WHERE).to_pylist()
+        for reason, where in zip(reasons, wheres):
+            if reason:
+                report.drop(reason, where)
+            else:
+                report.rows += 1
+                report.kept += 1
+        if "_blank_sentences" in table.column_names:
+            blank = sum(table.column("_blank_sentences").to_pylist())
+            if blank:
+                report.counters["blank_sentences_removed"] = blank
+        return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Bytes → records
+# ---------------------------------------------------------------------------------------------
+
+TOO_LONG = object()  # stands for a line that was skipped while streaming
+
+
+def iter_lines(read: Any, max_line_bytes: int, chunk_bytes: int = 1 << 20) -> Iterator[Any]:
+    """Lines of a binary stream without their ends (LF, CRLF or CR), as bytes; a line longer
+    than `max_line_bytes` is skipped as it streams and yields TOO_LONG in its place."""
+    pending = b""
+    skipping = False
+    while True:
+        chunk = read(chunk_bytes)
+        at_end = not chunk
+        pending += chunk
+        position = 0
+        for end in _LINE_END.finditer(pending):
+            # A CR at the very end of a chunk may be the first half of a CRLF: wait for more.
+            if end.group() == b"\r" and end.end() == len(pending) and not at_end:
+                break
+            line = pending[position : end.start()]
+            position = end.end()
+            if skipping:
+                skipping = False
+                continue  # the rest of a too-long line, already reported
+            yield TOO_LONG if len(line) > max_line_bytes else line
+        pending = pending[position:]
+        if not skipping and len(pending) > max_line_bytes:
+            skipping = True
+            yield TOO_LONG
+        if skipping:
+            pending = pending[-1:] if pending.endswith(b"\r") else b""
+        if at_end:
+            if pending and not skipping:
+                yield pending
+            return
+
+
+def _line_records(lines: Iterable[Any], file: SourceFile, text_field: str | None):
+    """(number, record | None, reason, detail) for each line of a txt or jsonl file."""
+    for number, raw in enumerate(lines, start=1):
+        if raw is TOO_LONG:
+            yield number, None, "too_long", "line longer than the max_chars cap"
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            yield number, None, "invalid_utf8", str(error)
+            continue
+        if file.format == "txt":
+            if text_field is None:
+                raise CorpusError(
+                    f"{file.path}: plain text holds one text a line; pairs and documents need "
+                    "JSONL, Parquet or Arrow"
+                )
+            yield number, {text_field: line}, "", ""
+            continue
+        if not line.strip():
+            yield number, None, "blank_line", ""
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            yield number, None, "invalid_json", error.msg
+            continue
+        if not isinstance(record, dict):
+            yield number, None, "not_an_object", f"got {type(record).__name__}"
+            continue
+        yield number, record, "", ""
+
+
+def _table_records(batches: Iterable[pa.RecordBatch], file: SourceFile, rules: RowRules):
+    number = 0
+    for batch in batches:
+        missing = [name for name in rules.required if name not in batch.schema.names]
+        if missing:
+            raise CorpusError(
+                f"{file.path}: no column {missing[0]!r} (columns: {batch.schema.names})"
+            )
+        wanted = [name for name in rules.fields if name in batch.schema.names]
+        for record in batch.select(wanted).to_pylist():
+            number += 1
+            yield number, record, "", ""
+
+
+def _open(filesystem: pafs.FileSystem, file: SourceFile):
+    if file.format in ("parquet", "arrow") and file.compression is None:
+        return filesystem.open_input_file(file.path)  # random access: Parquet reads its footer
+    return filesystem.open_input_stream(file.path, compression=file.compression)
+
+
+def _record_batches(handle, file: SourceFile, rules: RowRules) -> Iterator[pa.RecordBatch]:
+    if file.format == "parquet":
+        parquet = pq.ParquetFile(handle if file.compression is None else pa.BufferReader(handle.read()))
+        present = [name for name in rules.fields if name in parquet.schema_arrow.names]
+        missing = [name for name in rules.required if name not in present]
+        if missing:
+            raise CorpusError(
+                f"{file.path}: no column {missing[0]!r} (columns: {parquet.schema_arrow.names})"
+            )
+        yield from parquet.iter_batches(batch_size=8192, columns=present)
+    else:
+        yield from pa.ipc.open_stream(handle)
+
+
+def read_file_blocks(
+    filesystem: pafs.FileSystem, file: SourceFile, rules: RowRules, block_rows: int = 10_000
+) -> Iterator[pa.Table]:
+    """Parsed blocks of one file: the kept columns of `rules` plus ROW_ID, DROP and WHERE."""
+    text_field = rules.fields[0] if len(rules.fields) == 1 else None
+    with _open(filesystem, file) as handle:
+        if file.format in ("txt", "jsonl"):
+            records = _line_records(iter_lines(handle.read, 4 * rules.max_chars + 4), file, text_field)
+            label = ""
+        else:
+            records = _table_records(_record_batches(handle, file, rules), file, rules)
+            label = "row "
+        rows: list[tuple[int, dict | None, str, str]] = []
+        for number, record, reason, detail in records:
+            if record is not None:
+                values, reason, detail = rules.normalise(record)
+                record = values
+            rows.append((number, record, reason, detail))
+            if len(rows) >= block_rows:
+                yield _block(rows, file, rules, label)
+                rows = []
+        if rows:
+            yield _block(rows, file, rules, label)
+
+
+def _block(rows: list, file: SourceFile, rules: RowRules, label: str) -> pa.Table:
+    columns: dict[str, list] = {name: [] for name in rules.schema.names}
+    ids, drops, wheres = [], [], []
+    for number, values, reason, detail in rows:
+        ids.append(row_id(file.index, number))
+        drops.append(reason)
+        where = f"{file.path}:{label}{number}"
+        wheres.append(None if not reason else f"{where}: {detail}" if detail else where)
+        for name in columns:
+            columns[name].append(None if values is None else values.get(name))
+    schema = rules.schema.append(pa.field(ROW_ID, pa.int64()))
+    schema = schema.append(pa.field(DROP, pa.string())).append(pa.field(WHERE, pa.string()))
+    return pa.Table.from_pydict({**columns, ROW_ID: ids, DROP: drops, WHERE: wheres}, schema=schema)
+
+
+def iter_parsed_blocks(files: CorpusFiles, rules: RowRules, block_rows: int = 10_000):
+    """Every parsed block of every file, in file order, in this process (no Ray): the local
+    reference path for tests, small inputs and tools."""
+    for file, filesystem in zip(files.files, files.filesystems):
+        yield from read_file_blocks(filesystem, file, rules, block_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Data
+# ---------------------------------------------------------------------------------------------
+
+
+def corpus_datasource(files: CorpusFiles, rules: RowRules, block_rows: int = 10_000):
+    """A Ray Data datasource with one read task per file: the files are opened and parsed on
+    the cluster, never on the driver."""
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class CorpusDatasource(Datasource):
+        def estimate_inmemory_data_size(self) -> int | None:
+            return files.total_bytes or None
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
+            tasks = []
+            for file, filesystem in zip(files.files, files.filesystems):
+                metadata = BlockMetadata(
+                    num_rows=None, size_bytes=file.size, input_files=[file.path], exec_stats=None
+                )
+
+                def read(file=file, filesystem=filesystem):
+                    yield from read_file_blocks(filesystem, file, rules, block_rows)
+
+                tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
+            return tasks
+
+        def get_name(self) -> str:
+            return "Corpus"
+
+    return CorpusDatasource()

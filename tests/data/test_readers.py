@@ -1,0 +1,162 @@
+"""The one reader layer: every format and compression, line ends, mixed directories, unknown
+suffixes, over-long lines, and drop counts that do not depend on how blocks are cut."""
+
+import bz2
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from distributed_emb.data.corpus import read_rows
+from distributed_emb.data.readers import TOO_LONG, DropReport, TextRows, iter_lines, iter_parsed_blocks
+from distributed_emb.data.sources import CorpusError, resolve_sources
+
+
+def _lines(data: bytes, max_bytes: int = 100, chunk: int = 3):
+    stream = iter([data[i : i + chunk] for i in range(0, len(data), chunk)] + [b""])
+    return list(iter_lines(lambda _n: next(stream), max_bytes, chunk))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"a\nbb\nccc\n", b"a\r\nbb\r\nccc\r\n", b"a\rbb\rccc\r", b"a\rbb\r\nccc", b"a\nbb\rccc"],
+)
+def test_lf_crlf_and_cr_line_ends_split_alike(data):
+    assert _lines(data) == [b"a", b"bb", b"ccc"]
+
+
+def test_empty_lines_are_kept_as_lines():
+    assert _lines(b"a\n\nb\r\n\r\nc") == [b"a", b"", b"b", b"", b"c"]
+
+
+def test_an_over_long_line_is_skipped_while_streaming_and_counted_once():
+    data = b"short\n" + b"x" * 1000 + b"\nafter\r\n" + b"y" * 50 + b"\rend"
+    assert _lines(data, max_bytes=40) == [b"short", TOO_LONG, b"after", TOO_LONG, b"end"]
+
+
+def write_mixed_directory(root):
+    """Four formats, two compressions, one subdirectory: 2 rows each, 1 bad row in jsonl."""
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_bytes(b"Alpha one.\r\nAlpha two.\r\n")
+    (root / "b.jsonl").write_text(
+        json.dumps({"text": "Beta one."}) + "\n{broken\n" + json.dumps({"text": "Beta two."})
+    )
+    pq.write_table(pa.table({"text": ["Gamma one.", "Gamma two."]}), root / "c.parquet")
+    (root / "sub" / "d.txt").write_bytes(b"Delta one.\rDelta two.\r")
+    with gzip.open(root / "sub" / "e.jsonl.gz", "wt") as handle:
+        handle.write(json.dumps({"text": "Eps one."}) + "\n" + json.dumps({"text": "Eps two."}))
+    (root / "f.txt.bz2").write_bytes(bz2.compress(b"Zeta one.\nZeta two.\n"))
+    (root / "_SUCCESS").write_text("")
+    (root / ".hidden").write_text("not data")
+
+
+def test_mixed_directory_reads_every_file_by_its_suffix(tmp_path):
+    write_mixed_directory(tmp_path / "corpus")
+    files = resolve_sources(str(tmp_path / "corpus"))
+    assert [(f.format, f.compression) for f in files.files] == [
+        ("txt", None), ("jsonl", None), ("parquet", None), ("txt", "bz2"),
+        ("txt", None), ("jsonl", "gzip"),
+    ]  # fmt: skip
+    rows, report = read_rows(str(tmp_path / "corpus"))
+    assert sorted(rows["text"]) == sorted(
+        f"{name} {n}." for name in ("Alpha", "Beta", "Gamma", "Delta", "Eps", "Zeta")
+        for n in ("one", "two")
+    )  # fmt: skip
+    assert report.dropped == {"invalid_json": 1}
+    assert report.examples["invalid_json"][0].startswith(f"{tmp_path / 'corpus' / 'b.jsonl'}:2")
+
+
+def test_zstd_and_globs(tmp_path):
+    with pa.CompressedOutputStream(str(tmp_path / "x.jsonl.zst"), "zstd") as handle:
+        handle.write(json.dumps({"text": "Zstd row."}).encode())
+    (tmp_path / "y.txt").write_text("Plain row.\n")
+    rows, _ = read_rows(str(tmp_path / "*.jsonl.zst"))
+    assert rows["text"] == ["Zstd row."]
+
+
+def test_unknown_suffix_is_an_error_listing_the_file(tmp_path):
+    (tmp_path / "a.txt").write_text("One.\n")
+    (tmp_path / "notes.md").write_text("# not a corpus\n")
+    (tmp_path / "data.csv").write_text("text\nx\n")
+    with pytest.raises(CorpusError, match=r"2 file\(s\).*data\.csv.*notes\.md"):
+        resolve_sources(str(tmp_path))
+
+
+def test_missing_source_names_it(tmp_path):
+    with pytest.raises(CorpusError, match="missing.txt: does not exist"):
+        resolve_sources(str(tmp_path / "missing.txt"))
+
+
+def test_hub_name_offline_says_how_to_proceed(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CorpusError, match="HF_HUB_OFFLINE=1"):
+        resolve_sources("wikimedia/wikipedia")
+
+
+def test_hub_dataset_parquet_files_are_found_by_split(tmp_path, monkeypatch):
+    """The hub layout (data/<split>-NNNNN-of-NNNNN.parquet), served by a local filesystem in
+    place of the hub's fsspec filesystem."""
+    import pyarrow.fs as pafs
+
+    from distributed_emb.data import sources
+
+    root = tmp_path / "datasets" / "org" / "wiki" / "data"
+    root.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["Train row."]}), root / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": ["Test row."]}), root / "test-00000-of-00001.parquet")
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(sources, "_hub_filesystem", lambda: local)
+    for spec in ("org/wiki", "hf://datasets/org/wiki"):
+        rows, _ = read_rows(spec)
+        assert rows["text"] == ["Train row."]
+    rows, _ = read_rows("org/wiki", hf_split="test")
+    assert rows["text"] == ["Test row."]
+
+
+def test_saved_hf_dataset_directory_and_dict(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["Alpha.", "", "Beta."]}).save_to_disk(tmp_path / "ds")
+    rows, report = read_rows(str(tmp_path / "ds"))
+    assert rows["text"] == ["Alpha.", "Beta."] and report.dropped == {"empty": 1}
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"text": ["T."]}),
+         "validation": datasets.Dataset.from_dict({"text": ["V."]})}
+    ).save_to_disk(tmp_path / "dd")  # fmt: skip
+    assert read_rows(str(tmp_path / "dd"), hf_split="validation")[0]["text"] == ["V."]
+    with pytest.raises(CorpusError, match="no split 'test'"):
+        read_rows(str(tmp_path / "dd"), hf_split="test")
+
+
+def test_over_long_rows_are_dropped_and_counted(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(
+        json.dumps({"text": "ok"}) + "\n" + json.dumps({"text": "x" * 500}) + "\n"
+        + "y" * 5000 + "\n" + json.dumps({"text": "ok too"})
+    )  # fmt: skip
+    rows, report = read_rows(str(path), max_chars=100)
+    assert rows["text"] == ["ok", "ok too"]
+    assert report.dropped == {"too_long": 2}
+
+
+def test_drop_counts_do_not_depend_on_block_size(tmp_path):
+    lines = []
+    for i in range(103):
+        lines.append(json.dumps({"text": f"row {i}"}) if i % 7 else "{bad")
+        if i % 11 == 0:
+            lines.append("")
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(lines))
+    files, rules = resolve_sources(str(path)), TextRows(["text"])
+    reports = []
+    for block_rows in (1000, 26, 1):
+        report = DropReport()
+        blocks = list(iter_parsed_blocks(files, rules, block_rows))
+        for block in blocks:
+            report.merge(DropReport.of_block(block))
+        reports.append(report.as_dict())
+        assert len(blocks) == -(-len(lines) // block_rows)
+    assert reports[0] == reports[1] == reports[2]
+    assert reports[0]["dropped"] == {"invalid_json": 15, "blank_line": 10}
