@@ -76,13 +76,13 @@ def project_config(
 
 def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     """One TorchTrainer fit (Ray must be running); steady-state numbers from its windows."""
-    from distributed_emb.data.corpus import load_training_dataset
+    from distributed_emb.data.corpus import start_drop_counter, training_dataset
     from distributed_emb.train.checkpointing import STATE_FILE, LoopState
-    from distributed_emb.train.trainer import build_trainer
+    from distributed_emb.train.trainer import build_trainer, count_rows
 
     started = time.perf_counter()
-    dataset, _ = load_training_dataset(config.data)
-    trainer = build_trainer(config, dataset, dataset.count(), run_name="bench")
+    dataset = training_dataset(config.data, start_drop_counter())
+    trainer = build_trainer(config, dataset, count_rows(config, dataset), run_name="bench")
     result = trainer.fit()
     if result.error is not None:
         raise result.error
@@ -114,12 +114,16 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
 
 
 def bench_texts(config: TrainingConfig) -> list[str]:
-    """The rows the project's loader gives this config, in the dataset's order (before the
-    workers' local shuffle): the baselines train on the same sentences."""
-    from distributed_emb.data.corpus import load_training_dataset
+    """The rows the project's reader gives this config, in file order: the baselines train on
+    the same sentences."""
+    from distributed_emb.data.corpus import corpus_path, read_rows, text_rules
 
-    dataset, _ = load_training_dataset(config.data)
-    return [row[config.data.text_column] for row in dataset.take_all()]
+    rules = text_rules(config.data)
+    rows, _ = read_rows(
+        corpus_path(config.data), rules.columns, max_rows=config.data.max_rows,
+        max_chars=rules.max_chars,
+    )  # fmt: skip
+    return rows[config.data.text_column]
 
 
 def scratch_dir(parent: str | None, prefix: str) -> str:

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
+import io
 import json
 import logging
 import os
+import re
+import secrets
 import sys
+import textwrap
+import tokenize
+import typing
 from pathlib import Path
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+import yaml
+
+from distributed_emb.config import ConfigError, TrainingConfig, load_config, to_dict
+from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
+from distributed_emb.train.run_identity import RunIdentityError, prepare_run
 
 log = logging.getLogger("distributed_emb")
+
+WORKER_SETUP_HOOK = "distributed_emb.tracking.quiet_worker_setup"
 
 
 def offline_defaults() -> None:
@@ -27,10 +41,11 @@ def setup_logging(output_dir: str | None) -> None:
         handlers.append(logging.FileHandler(Path(output_dir) / "run.log"))
     logging.basicConfig(
         level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
         handlers=handlers,
         force=True,
     )
+    dedupe_repeated_ray_warnings()
 
 
 def parse_training_args(
@@ -40,23 +55,72 @@ def parse_training_args(
 
     Invalid configuration exits with status 2 and the key's name, before Ray starts.
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog=config_keys_help(
+            TrainingConfig,
+            _default_tree(default_config),
+            Path(default_config).name if default_config else "",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration as YAML (defaults, file, overrides) and exit",
+    )
     parser.add_argument(
         "--config",
         help="YAML config (default: %(default)s)",
         default=str(default_config) if default_config else None,
     )
     parser.add_argument("--output", help="output directory (sets output.dir)")
+    # What to do with an earlier run under the same run name (output.resume, run_identity.py).
+    earlier = parser.add_mutually_exclusive_group()
+    earlier.add_argument(
+        "--resume",
+        dest="resume",
+        action="store_const",
+        const="must",
+        help="continue the earlier run from its last checkpoint (output.resume=must)",
+    )
+    earlier.add_argument(
+        "--resume-anyway",
+        dest="resume",
+        action="store_const",
+        const="anyway",
+        help="continue it even with different settings (output.resume=anyway)",
+    )
+    earlier.add_argument(
+        "--overwrite",
+        dest="resume",
+        action="store_const",
+        const="overwrite",
+        help="delete the earlier run and start again (output.resume=overwrite)",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.temperature=0.05")
     args = parser.parse_args(argv)
-    overrides = list(args.overrides)
-    if args.output:
-        overrides.append(f"output.dir={args.output}")
+    # The flag's text is the directory, whatever it looks like ("/runs/x #1", "2024"): set as
+    # a value, never parsed, and after the overrides so the flag wins.
+    values = {"output.dir": args.output} if args.output is not None else None
+    if args.resume is not None:
+        values = {**(values or {}), "output.resume": args.resume}
     offline_defaults()
     try:
-        config = load_config(TrainingConfig, args.config, overrides)
+        config = load_config(TrainingConfig, args.config, args.overrides, values=values)
     except ConfigError as error:
         parser.exit(2, f"config error: {error}\n")
+    # Absolute before anything uses it: Ray Train workers run in other directories (on a
+    # cluster, other machines), and rank 0 writes run.log and train_log.jsonl there.
+    config.output.dir = str(Path(config.output.dir).expanduser().resolve())
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+        parser.exit(0)
+    try:
+        # Before Ray starts; run_training checks again (and, for --overwrite, deletes).
+        prepare_run(config, dry_run=True)
+    except RunIdentityError as error:
+        parser.exit(2, f"error: {error}\n")
     setup_logging(config.output.dir)
     return config
 
@@ -72,6 +136,8 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     """
     import ray
 
+    # Before any dataset is built: the Data context travels with the dataset to its executor.
+    quiet_ray_data()
     if ray.is_initialized():
         return
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
@@ -87,6 +153,10 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
             if k in os.environ and k not in job_env_vars
         }
     }
+    if "worker_process_setup_hook" not in (job_config.get("runtime_env") or {}):
+        # Every worker process (Train workers, Ray Data executors, Ray Train's placement-group
+        # cleaner) turns Data progress bars off and says a repeated Ray warning once.
+        runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
     if address:
         ray.init(address=address, runtime_env=runtime_env)
         return
@@ -98,6 +168,9 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
         port = _free_port()
         os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by the local head at start
         runtime_env["env_vars"]["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
+    # Ray's GCS, raylet and worker gRPC ports listen on every interface whatever the node IP:
+    # token auth is what refuses strangers, so it is set here, not left to Ray's default.
+    require_local_token_auth()
     try:
         ray.init(
             num_cpus=num_cpus,
@@ -107,6 +180,43 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
         )
     finally:
         os.environ.pop("RAY_GCS_SERVER_PORT", None)
+
+
+def require_local_token_auth() -> None:
+    """RAY_AUTH_MODE=token for a local Ray started by this process (unless the user set the
+    variable), with a token only its owner can read.
+
+    Ray 2.60 enables token auth for a new local ray.init by default and writes a missing
+    ~/.ray/auth_token with the process umask (often world-readable); both are Ray's choices
+    that may change, so the mode is set explicitly and the token file created 0600.
+    """
+    if "RAY_AUTH_MODE" not in os.environ:
+        from ray._raylet import Config
+
+        os.environ["RAY_AUTH_MODE"] = "token"
+        # Ray caches its config (the auth mode included) when imported: without a refresh this
+        # driver would not send the token its own GCS then demands. Ray's own default-on path
+        # (authentication_token_setup._enable_token_auth) makes the same call.
+        Config.initialize("")
+    mode = os.environ["RAY_AUTH_MODE"]
+    if mode != "token":
+        log.warning(
+            "RAY_AUTH_MODE=%s: this local Ray accepts clients without a token on ports that "
+            "listen on every interface (see docs/OPERATIONS.md, security model)",
+            mode,
+        )
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return  # the user's own token
+    token_file = Path.home() / ".ray" / "auth_token"
+    if not token_file.exists():
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` makes
+    elif token_file.stat().st_mode & 0o077:
+        log.warning("%s was readable by other users; made it private (0600)", token_file)
+        token_file.chmod(0o600)
 
 
 def _free_port() -> int:
@@ -136,3 +246,144 @@ def summarise_run(metrics: dict) -> str:
             f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
         ]
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# --help: every configuration key, its default and its meaning
+# ---------------------------------------------------------------------------------------------
+
+# Meanings of keys whose field in config.py has no comment, or whose comment only explains one
+# value ("None: ..."); shown before that comment. The comments in config.py stay the main
+# source: a new field needs either (tests/test_config.py checks every key has a meaning).
+KEY_HELP = {
+    "model.path": "the encoder to start from: an HF or sentence-transformers dir, or hub name",
+    "model.pooler": "sentence vector: mean of tokens, [CLS] through the pooler, or raw [CLS]",
+    "model.max_seq_length": "tokens per sentence during training (longer ones are truncated)",
+    "model.trust_remote_code": "allow a model directory's own Python code (custom models)",
+    "data.path": "the training corpus: a file, directory, glob, s3:// or gs:// URL, or hub name",
+    "data.text_column": "the text field of JSONL / Parquet / HF rows",
+    "data.hf_split": "the split of a Hugging Face dataset",
+    "data.anchor_column": "pairs: the anchor field",
+    "data.positive_column": "pairs: the positive field",
+    "data.group_column": "pairs: rows of one group (document) are not each other's negatives",
+    "data.shuffle_seed": "seed of the corpus shuffle",
+    "data.shuffle_buffer_rows": "rows in each worker's shuffle buffer",
+    "loss.temperature": "τ of InfoNCE",
+    "loss.mlm_probability": "share of tokens masked for the MLM term",
+    "loss.mlm_weight": "weight of the masked-language-model term",
+    "train.num_workers": "Ray Train workers (one per GPU on a GPU cluster)",
+    "train.use_gpu": "one GPU per worker",
+    "train.cpus_per_worker": "CPUs each worker reserves",
+    "train.engine": "DDP, or DeepSpeed ZeRO (pip install -e '.[deepspeed]')",
+    "train.precision": "training precision (fp16 only on GPUs)",
+    "train.gradient_accumulation_steps": "batches per optimizer step",
+    "train.learning_rate": "peak AdamW learning rate (linear decay)",
+    "train.weight_decay": "AdamW weight decay",
+    "train.warmup_ratio": "share of the steps with a linear warm-up",
+    "train.max_grad_norm": "gradient clipping bound; null: no clipping",
+    "train.epochs": "passes over the corpus",
+    "train.seed": "seed of the model, dropout and data order",
+    "train.torch_threads": "torch threads per worker",
+    "train.checkpoint_steps": "write a checkpoint every N steps",
+    "train.max_failures": "worker-group restarts from the last checkpoint before the run fails",
+    "train.deepspeed.zero_stage": "DeepSpeed ZeRO stage",
+    "eval.eval_steps": "evaluate STS-B dev (and checkpoint) every N steps",
+    "eval.batch_size": "sentences per evaluation batch",
+    "eval.senteval_dir": "SentEval data directory",
+    "output.dir": "where model/, metrics.json, run.log and train_log.jsonl go",
+    "output.checkpoints_to_keep": "Ray Train checkpoints kept (the best by STS-B dev)",
+    "output.run_name": "Ray Train run name (also the trackers' run name)",
+    "ray.address": "the Ray cluster to join",
+    "ray.num_cpus": "logical CPUs of a local Ray instance",
+    "ray.object_store_memory_mb": "object store of a local Ray instance",
+}
+
+
+def config_keys_help(cls: type, file_tree: dict | None = None, file_name: str = "") -> str:
+    """One entry per key of the dataclass `cls`: `key = default`, then its meaning. Where the
+    job's default YAML (`file_tree`) sets a key, that is the default shown."""
+    lines = ["configuration keys (set with key=value; default, then meaning):"]
+    for key, default, meaning in config_keys(cls):
+        found, value = _lookup(file_tree or {}, key)
+        shown = _yaml_scalar(value if found else default)
+        if found and value != default:
+            source = file_name or "the default config"
+            shown += f"  (from {source}; built-in {_yaml_scalar(default)})"
+        lines.append(f"  {key} = {shown}")
+        indent = " " * 6
+        lines.extend(textwrap.wrap(meaning, 96, initial_indent=indent, subsequent_indent=indent))
+    return "\n".join(lines)
+
+
+def config_keys(cls: type, prefix: str = "") -> list[tuple[str, object, str]]:
+    """(dotted key, built-in default, meaning) for every leaf field of `cls`, in order."""
+    hints = typing.get_type_hints(cls)
+    comments = _field_comments(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows.extend(config_keys(hints[f.name], key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        meaning = "; ".join(filter(None, [KEY_HELP.get(key), comments.get(f.name)]))
+        rows.append((key, default, meaning))
+    return rows
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Field name → its comment in the class source: the trailing one on the field's line,
+    after the block of comment lines right above it (joined into one line). Empty when the
+    source cannot be read (e.g. a zipped install): --help then shows KEY_HELP only."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    trailing: dict[int, str] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                row, col = token.start
+                if lines[row - 1][:col].strip():  # code before it: a trailing comment
+                    trailing[row] = token.string.lstrip("#").strip()
+    except (tokenize.TokenError, IndentationError):
+        return {}
+    comments = {}
+    for index, line in enumerate(lines):
+        match = re.match(r"    ([A-Za-z_]\w*)\s*:", line)
+        if match is None:
+            continue
+        above = []
+        row = index - 1
+        while row >= 0 and lines[row].strip().startswith("#"):
+            above.insert(0, lines[row].strip().lstrip("#").strip())
+            row -= 1
+        parts = [" ".join(above), trailing.get(index + 1, "")]
+        comments[match.group(1)] = "; ".join(p for p in parts if p)
+    return comments
+
+
+def _default_tree(path: Path | str | None) -> dict:
+    """The job's default YAML as a tree, for --help (empty if absent or unreadable: help never
+    fails)."""
+    if path is None or not Path(path).is_file():
+        return {}
+    try:
+        tree = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError:
+        return {}
+    return tree if isinstance(tree, dict) else {}
+
+
+def _lookup(tree: dict, dotted: str) -> tuple[bool, object]:
+    node: object = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _yaml_scalar(value: object) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()

@@ -7,6 +7,9 @@ values raise `ConfigError` naming the dotted key, so a typo costs seconds, not a
 from __future__ import annotations
 
 import dataclasses
+import glob
+import math
+import os
 import re
 import types
 import typing
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from distributed_emb.data.sources import is_hub_name, is_remote
 
 T = TypeVar("T")
 
@@ -78,10 +83,19 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            # YAML's .inf / .nan: no knob means anything useful at infinity, and NaN compares
+            # false with every bound, so it would slip past each range check below.
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return float(value)
     if annotation is str:
+        if value is None:
+            raise ConfigError(f"{key}: expected a string, got null")
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            # Only a YAML file gets here (overrides of text keys are taken literally).
+            raise ConfigError(
+                f"{key}: expected a string, got {value!r}; quote it in YAML ('{value}')"
+            )
         return value
     raise ConfigError(f"{key}: unsupported config type {annotation!r}")  # pragma: no cover
 
@@ -112,14 +126,52 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """`loss.reconstruction_weight=0.4` → ("loss.reconstruction_weight", 0.4) (YAML-typed)."""
+_YAML_NULLS = ("", "~", "null", "Null", "NULL")
+
+
+def _field_annotation(cls: type | None, dotted: str) -> Any:
+    """The annotation of the field `dotted` names in dataclass `cls` (None: not a field)."""
+    annotation: Any = cls
+    for part in dotted.split("."):
+        if not (isinstance(annotation, type) and dataclasses.is_dataclass(annotation)):
+            return None
+        annotation = typing.get_type_hints(annotation).get(part)
+        if annotation is None:
+            return None
+    return annotation
+
+
+def _text_kind(annotation: Any) -> tuple[str | None, bool]:
+    """("str" | "choice" | None, may be null) for str, a Literal of strings, and their Optional."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        kind = _text_kind(options[0])[0] if len(options) == 1 else None
+        return kind, type(None) in args
+    if typing.get_origin(annotation) is typing.Literal:
+        return ("choice" if all(isinstance(a, str) for a in args) else None), False
+    return ("str" if annotation is str else None), False
+
+
+def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
+    """`loss.reconstruction_weight=0.4` → ("loss.reconstruction_weight", 0.4) (YAML-typed).
+
+    Given the config class, a key whose field is text (paths, names, choices) keeps the text
+    after `=` literally: YAML would turn `output.dir=/x #1` into "/x" (a comment) and
+    `data.path=2024` into an integer. Only null (or nothing) means None, where None is allowed.
+    """
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
+    kind, nullable = _text_kind(_field_annotation(cls, key))
+    if kind is not None:
+        if nullable and raw.strip() in _YAML_NULLS:
+            return key, None
+        # A path keeps every character; a choice (pooler=mean) never has outer blanks.
+        return key, raw if kind == "str" else raw.strip()
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as error:
@@ -138,8 +190,17 @@ def merge_trees(base: dict, update: dict) -> dict:
     return merged
 
 
-def load_config(cls: type[T], yaml_path: str | None = None, overrides: list[str] = ()) -> T:
-    """Build `cls` from a YAML file and dotted overrides; call `.validate()` if it has one."""
+def load_config(
+    cls: type[T],
+    yaml_path: str | None = None,
+    overrides: list[str] = (),
+    values: dict[str, Any] | None = None,
+) -> T:
+    """Build `cls` from a YAML file and dotted overrides; call `.validate()` if it has one.
+
+    `values`: dotted key → value, set as given (not parsed) after the overrides; for flags
+    such as `--output DIR`, whose text is the value whatever it looks like.
+    """
     tree: dict = {}
     if yaml_path is not None:
         path = Path(yaml_path)
@@ -154,7 +215,9 @@ def load_config(cls: type[T], yaml_path: str | None = None, overrides: list[str]
         tree = loaded or {}
     override_tree: dict = {}
     for text in overrides:
-        key, value = parse_override(text)
+        key, value = parse_override(text, cls)
+        _set_dotted(override_tree, key, value)
+    for key, value in (values or {}).items():
         _set_dotted(override_tree, key, value)
     config = _build(cls, merge_trees(tree, override_tree))
     validate = getattr(config, "validate", None)
@@ -181,6 +244,134 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+# Largest seed every consumer takes (numpy's legacy RandomState, Ray Data's local shuffle).
+MAX_SEED = 2**32 - 1
+# Ray refuses a smaller object store (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES).
+MIN_OBJECT_STORE_MB = 75
+
+
+def require_range(
+    value: Any,
+    key: str,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    allow_none: bool = False,
+    low_open: bool = False,
+    high_open: bool = False,
+    why: str = "",
+) -> None:
+    """`value` within [low, high] (`low_open`/`high_open`: that bound excluded), finite; None
+    only with `allow_none`. The one range check of every config: its message names the key,
+    the allowed range and the value, e.g. `train.max_grad_norm: must be > 0 or null, got -1.0`.
+    """
+    if low is not None and high is not None:
+        wanted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    elif low is not None:
+        wanted = f"{'>' if low_open else '>='} {low}"
+    elif high is not None:
+        wanted = f"{'<' if high_open else '<='} {high}"
+    else:
+        wanted = "a finite number"
+    if allow_none:
+        wanted += " or null"
+    ok = value is not None or allow_none
+    if value is not None:
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (low is None or (value > low if low_open else value >= low))
+            and (high is None or (value < high if high_open else value <= high))
+        )
+    if not ok:
+        shown = "null" if value is None else repr(value)
+        raise ConfigError(f"{key}: must be {wanted}, got {shown}" + (f" ({why})" if why else ""))
+
+
+def require_seed(value: int | None, key: str, allow_none: bool = False) -> None:
+    require_range(value, key, 0, MAX_SEED, allow_none=allow_none)
+
+
+def require_sources(paths: list[str], key: str) -> None:
+    """Each data source exists here, unless data/sources.py reads it from elsewhere.
+
+    Object-store URIs (s3://, gs://, ...) and hub datasets ('org/name', 'name',
+    hf://datasets/org/name) cannot be checked here; a local path, directory or glob must
+    exist or match. 'corpus/docs.jsonl' is a missing file, not a hub name (it has a suffix).
+    """
+    for path in paths:
+        if is_remote(path) or is_hub_name(path):
+            continue
+        if any(ch in path for ch in "*?["):
+            _require(
+                bool(glob.glob(os.path.expanduser(path), recursive=True)),
+                key,
+                f"{path} matches no file",
+            )
+            continue
+        _require(
+            Path(path).expanduser().exists(),
+            key,
+            f"{path} does not exist (a Hugging Face hub dataset is named 'org/name' or "
+            "hf://datasets/org/name)",
+        )
+
+
+def require_model_dir(path: str | None, key: str) -> None:
+    """A model path must be a hub name ('org/model') or an existing model directory.
+
+    Checked here, before Ray starts: a corpus file or an empty directory given as the model
+    otherwise fails minutes later inside a Ray worker with a transformers traceback.
+    """
+    if path is None:
+        return
+    local = Path(path)
+    if not local.exists():
+        _require(
+            _looks_like_hub_name(path),
+            key,
+            f"{path!r} is not an existing directory (nor a hub name like 'org/model')",
+        )
+        return
+    _require(
+        local.is_dir(),
+        key,
+        f"{path} is a file, not a model directory (expected a directory with config.json, "
+        "or modules.json for a sentence-transformers model)",
+    )
+    _require(
+        (local / "config.json").is_file() or (local / "modules.json").is_file(),
+        key,
+        f"{path} is not a model directory: it has neither config.json (Hugging Face) "
+        "nor modules.json (sentence-transformers)",
+    )
+
+
+def _physical_memory_mb() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024**2
+    except (AttributeError, ValueError, OSError):  # not POSIX: no bound
+        return None
+
+
+def validate_ray_config(ray: RayConfig, prefix: str = "ray") -> None:
+    require_range(ray.num_cpus, f"{prefix}.num_cpus", 1, allow_none=True)
+    # The size of a Ray started here (ignored when joining a cluster): it cannot exceed this
+    # machine's memory; a value in bytes instead of MiB is the usual way to get there.
+    memory = _physical_memory_mb()
+    require_range(
+        ray.object_store_memory_mb,
+        f"{prefix}.object_store_memory_mb",
+        MIN_OBJECT_STORE_MB,
+        memory,
+        allow_none=True,
+        why=f"MiB: at least Ray's minimum of {MIN_OBJECT_STORE_MB}"
+        + (f", at most this machine's {memory} MiB of memory" if memory else "")
+        + "; null lets Ray choose",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The training configuration (InforMin-CL; InfoCSE pair training reuses it)
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +391,9 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     path: str | None = None  # None: the shipped Wikipedia sentences
-    format: typing.Literal["auto", "txt", "jsonl", "parquet", "hf"] = "auto"
+    # Files are read by their suffixes (data/sources.py): .txt .jsonl/.json .parquet .arrow,
+    # optionally .gz/.zst/.bz2; a path may be a file, directory, glob, s3:// or gs:// URI, a
+    # saved Hugging Face dataset or a hub name (org/name).
     text_column: str = "text"
     hf_split: str = "train"
     # "sentences": one text per row, two dropout views (InforMin-CL / SimCSE).
@@ -210,9 +403,19 @@ class DataConfig:
     anchor_column: str = "anchor"
     positive_column: str = "positive"
     group_column: str | None = None
-    deduplicate: bool = True
+    # Exact, distributed de-duplication of identical rows: an all-to-all pass over the whole
+    # corpus before the first step (docs/BENCHMARKS.md), so off by default.
+    deduplicate: bool = False
+    dedup_partitions: int = 16  # hash partitions of the de-duplication shuffle
     max_rows: int | None = None  # take only the first N clean rows (quick runs)
-    shuffle_seed: int | None = 0  # None: keep file order
+    # Rows longer than this many characters are dropped and counted (`too_long`) before
+    # tokenisation: no real sentence is this long, a broken file's megabyte "line" is.
+    max_chars: int = 20_000
+    block_rows: int = 10_000  # rows per block read (the unit of parallelism and counting)
+    # Shuffling: a buffer of this many rows per worker, seeded per epoch and rank (streaming
+    # corpora have no global order to permute); None: file order.
+    shuffle_seed: int | None = 0
+    shuffle_buffer_rows: int = 10_000
     # > 1: sort each pool of this many batches by token length before batching (less padding,
     # see data/collate.py LengthGroupedCollator and docs/BENCHMARKS.md); 0 or 1: random batches.
     length_group_batches: int = 0
@@ -235,6 +438,10 @@ class LossConfig:
 class DeepSpeedConfig:
     zero_stage: int = 2
     config_path: str | None = None  # a DeepSpeed JSON whose keys override ours
+    # DeepSpeed checkpoints are pickles: by default they are restored with
+    # torch.load(weights_only=True) and a short allowlist of plain-data DeepSpeed classes.
+    # true: full unpickling (can run code), only for checkpoints you wrote yourself.
+    trust_checkpoints: bool = False
 
 
 @dataclass
@@ -281,6 +488,14 @@ class OutputConfig:
     checkpoints_to_keep: int = 2
     storage_path: str | None = None  # Ray Train storage (s3://, gs://, or a local path)
     run_name: str | None = None
+    # An earlier run under the same run name (train/run_identity.py): "auto" continues it when
+    # its settings match and refuses otherwise; "must" (--resume) requires one to continue;
+    # "anyway" (--resume-anyway) continues it with different settings; "overwrite"
+    # (--overwrite) deletes it (checkpoints, model/, metrics.json) and starts again.
+    resume: typing.Literal["auto", "must", "anyway", "overwrite"] = "auto"
+    # Audit trail: each rank appends the row ids of every batch it trains on to
+    # <dir>/trained_rows/rank<r>.jsonl (one line a batch: attempt, epoch, step, row ids).
+    row_log: bool = False
 
 
 @dataclass
@@ -288,6 +503,54 @@ class RayConfig:
     address: str | None = None  # None: connect to RAY_ADDRESS if set, else start locally
     num_cpus: int | None = None  # logical CPUs for a local instance (None: 2 × cores)
     object_store_memory_mb: int | None = 1024
+
+
+@dataclass
+class LoggingConfig:
+    # Event files in <output.dir>/tensorboard/, written by rank 0 (view: tensorboard --logdir).
+    tensorboard: bool = True
+    wandb: bool = False  # Weights & Biases through Ray's setup_wandb (needs wandb + an API key)
+    mlflow: bool = False  # MLflow through Ray's setup_mlflow (MLFLOW_TRACKING_URI or a file)
+    # A progress line (console, run.log, train_log.jsonl, the sinks above) every N steps.
+    logging_steps: int = 10
+
+
+@dataclass
+class ExportConfig:
+    # The exported model's max_seq_length; None: the base model's own limit (model.max_seq_length
+    # is the training length, a speed choice, not what users of the export should get).
+    max_seq_length: int | None = None
+    push_to_hub: bool = False  # upload the export after training (needs HF_HUB_OFFLINE=0)
+    hub_model_id: str | None = None  # the hub repository, e.g. my-org/informin-minilm
+    license: str | None = None  # the model card's licence; None: the base model card's
+
+
+def validate_logging_config(c: LoggingConfig, key: str = "logging") -> None:
+    require_range(c.logging_steps, f"{key}.logging_steps", 1)
+
+
+def validate_export_config(c: ExportConfig, key: str = "export") -> None:
+    """Value checks, plus the hub being reachable at all: a push that can only fail must fail
+    here, before hours of training, not after them."""
+    require_range(c.max_seq_length, f"{key}.max_seq_length", 4, allow_none=True)
+    if c.hub_model_id is not None:
+        _require(
+            _looks_like_hub_name(c.hub_model_id),
+            f"{key}.hub_model_id",
+            f"{c.hub_model_id!r} is not a hub repository id like 'my-org/my-model'",
+        )
+    if c.push_to_hub:
+        _require(
+            c.hub_model_id is not None,
+            f"{key}.hub_model_id",
+            f"must be set when {key}.push_to_hub is true (e.g. my-org/informin-minilm)",
+        )
+        _require(
+            os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("0", "false", "no", ""),
+            f"{key}.push_to_hub",
+            "the hub is off (HF_HUB_OFFLINE=1, our jobs' default); run with HF_HUB_OFFLINE=0 "
+            "and a token (HF_TOKEN or `hf auth login`), or drop export.push_to_hub",
+        )
 
 
 @dataclass
@@ -299,56 +562,60 @@ class TrainingConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def validate(self) -> None:
-        m, d, lo, t, e = self.model, self.data, self.loss, self.train, self.eval
-        if m.path is not None:
-            _require(
-                Path(m.path).exists() or _looks_like_hub_name(m.path),
-                "model.path",
-                f"{m.path!r} is not an existing directory (nor a hub name like 'org/model')",
-            )
-        _require(m.max_seq_length >= 4, "model.max_seq_length", "must be at least 4")
-        if d.path is not None and not d.path.startswith(("s3://", "gs://", "hf://")):
-            _require(
-                Path(d.path).exists() or d.format == "hf", "data.path", f"{d.path} does not exist"
-            )
-        _require(d.length_group_batches >= 0, "data.length_group_batches", "must be >= 0")
-        _require(lo.temperature > 0, "loss.temperature", f"must be > 0, got {lo.temperature}")
-        _require(
-            lo.reconstruction_weight >= 0,
-            "loss.reconstruction_weight",
-            f"must be >= 0, got {lo.reconstruction_weight}",
+        m, d, lo, t, e, o = self.model, self.data, self.loss, self.train, self.eval, self.output
+        require_model_dir(m.path, "model.path")
+        require_range(m.max_seq_length, "model.max_seq_length", 4)
+        if d.path is not None:
+            require_sources([d.path], "data.path")
+        require_range(d.max_rows, "data.max_rows", 1, allow_none=True)
+        require_seed(d.shuffle_seed, "data.shuffle_seed", allow_none=True)
+        require_range(d.length_group_batches, "data.length_group_batches", 0)
+        require_range(d.max_chars, "data.max_chars", 1)
+        require_range(d.block_rows, "data.block_rows", 1)
+        require_range(d.dedup_partitions, "data.dedup_partitions", 1)
+        require_range(d.shuffle_buffer_rows, "data.shuffle_buffer_rows", 0)
+        require_range(lo.temperature, "loss.temperature", 0, low_open=True)
+        require_range(lo.reconstruction_weight, "loss.reconstruction_weight", 0)
+        require_range(lo.mlm_weight, "loss.mlm_weight", 0)
+        require_range(
+            lo.mlm_probability, "loss.mlm_probability", 0, 1, low_open=True, high_open=True
         )
-        _require(lo.mlm_weight >= 0, "loss.mlm_weight", f"must be >= 0, got {lo.mlm_weight}")
-        _require(0 < lo.mlm_probability < 1, "loss.mlm_probability", "must be in (0, 1)")
-        _require(t.num_workers >= 1, "train.num_workers", "must be >= 1")
-        _require(
-            t.batch_size >= 2,
-            "train.batch_size",
-            f"must be >= 2 (in-batch negatives), got {t.batch_size}",
+        require_range(t.num_workers, "train.num_workers", 1)
+        require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
+        require_range(t.batch_size, "train.batch_size", 2, why="in-batch negatives")
+        require_range(
+            t.mini_batch_size,
+            "train.mini_batch_size",
+            1,
+            t.batch_size,
+            allow_none=True,
+            why="at most train.batch_size",
         )
-        if t.mini_batch_size is not None:
-            _require(
-                1 <= t.mini_batch_size <= t.batch_size,
-                "train.mini_batch_size",
-                "must be between 1 and train.batch_size",
-            )
-        _require(
-            t.gradient_accumulation_steps >= 1, "train.gradient_accumulation_steps", "must be >= 1"
+        require_range(t.gradient_accumulation_steps, "train.gradient_accumulation_steps", 1)
+        require_range(t.learning_rate, "train.learning_rate", 0, low_open=True)
+        require_range(t.weight_decay, "train.weight_decay", 0)
+        require_range(t.warmup_ratio, "train.warmup_ratio", 0, 1, high_open=True)
+        # clip_grad_norm_ scales gradients by max_norm / norm: a negative bound reverses them
+        # (training climbs the loss) and 0 zeroes them; null turns clipping off.
+        require_range(
+            t.max_grad_norm,
+            "train.max_grad_norm",
+            0,
+            low_open=True,
+            allow_none=True,
+            why="null turns clipping off; <= 0 would zero or reverse the gradients",
         )
-        _require(t.learning_rate > 0, "train.learning_rate", "must be > 0")
-        _require(0 <= t.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
-        _require(t.epochs >= 1, "train.epochs", "must be >= 1")
-        if t.max_steps is not None:
-            _require(t.max_steps >= 1, "train.max_steps", "must be >= 1")
-        _require(t.cpus_per_worker > 0, "train.cpus_per_worker", "must be > 0")
-        _require(t.max_failures >= -1, "train.max_failures", "must be >= -1 (-1: unlimited)")
-        _require(
-            t.deepspeed.zero_stage in (0, 1, 2, 3),
-            "train.deepspeed.zero_stage",
-            "must be 0, 1, 2 or 3",
-        )
+        require_range(t.epochs, "train.epochs", 1)
+        require_range(t.max_steps, "train.max_steps", 1, allow_none=True)
+        require_seed(t.seed, "train.seed")
+        require_range(t.torch_threads, "train.torch_threads", 1, allow_none=True)
+        require_range(t.max_failures, "train.max_failures", -1, why="-1: unlimited")
+        require_range(t.checkpoint_steps, "train.checkpoint_steps", 1, allow_none=True)
+        require_range(t.deepspeed.zero_stage, "train.deepspeed.zero_stage", 0, 3)
         if t.deepspeed.config_path is not None:
             _require(
                 Path(t.deepspeed.config_path).is_file(),
@@ -357,16 +624,20 @@ class TrainingConfig:
             )
         if t.precision == "fp16":
             _require(t.use_gpu, "train.precision", "fp16 needs a GPU; use bf16 or fp32 on CPU")
-        _require(e.eval_steps >= 1, "eval.eval_steps", "must be >= 1")
-        if e.max_pairs is not None:
-            _require(e.max_pairs >= 3, "eval.max_pairs", "must be >= 3 (Spearman)")
+        require_range(e.eval_steps, "eval.eval_steps", 1)
+        require_range(e.max_pairs, "eval.max_pairs", 3, allow_none=True, why="Spearman")
+        require_range(e.batch_size, "eval.batch_size", 1)
         if e.senteval_dir is not None:
             _require(
                 Path(e.senteval_dir).is_dir(),
                 "eval.senteval_dir",
                 f"{e.senteval_dir} is not a directory",
             )
-        _require(self.output.checkpoints_to_keep >= 1, "output.checkpoints_to_keep", "must be >= 1")
+        _require(bool(o.dir.strip()), "output.dir", "is empty")
+        require_range(o.checkpoints_to_keep, "output.checkpoints_to_keep", 1)
+        validate_ray_config(self.ray)
+        validate_logging_config(self.logging)
+        validate_export_config(self.export)
 
     @property
     def model_path(self) -> str:

@@ -8,8 +8,10 @@ MODEL is a SentenceTransformer directory (ours or anyone's; loads as saved unles
 given) or a plain HF encoder directory (--pooler picks the pooling; default
 cls_before_pooler). --tasks takes a comma list of groups (sts, transfer, retrieval, geometry,
 all) or task names (STS12 ... SICKRelatedness, MR ... MRPC). DIR is SentEval's
-data/downstream; it defaults to the shipped STS-B-only copy. Encoding runs as a Ray Data actor
-pool (joins RAY_ADDRESS if set, else starts Ray locally); --no-ray encodes in this process.
+data/downstream (or its parent data/); it defaults to the shipped STS-B-only copy. When no
+requested task has data in DIR the job stops before encoding, with status 2. Encoding runs
+as a Ray Data actor pool (joins RAY_ADDRESS if set, else starts Ray locally); --no-ray
+encodes in this process.
 Other settings (transfer.kfold, encode.concurrency, ...) as dotted overrides; see
 docs/EVALUATION.md.
 """
@@ -23,9 +25,40 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
 from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
-from distributed_emb.config import ConfigError, load_config  # noqa: E402
+from distributed_emb.config import ConfigError, load_config, require_model_dir  # noqa: E402
+from distributed_emb.evaluation import senteval_data as sd  # noqa: E402
 from distributed_emb.evaluation.report import format_results, write_results  # noqa: E402
-from distributed_emb.evaluation.suite import EvaluationConfig, evaluate  # noqa: E402
+from distributed_emb.evaluation.suite import (  # noqa: E402
+    TASK_SPECS,
+    EvaluationConfig,
+    evaluate,
+    resolve_tasks,
+)
+from distributed_emb.paths import shipped_senteval_dir  # noqa: E402
+
+
+def check_task_data(config: EvaluationConfig) -> None:
+    """Point config.senteval_dir at the task folders, and refuse a run with nothing to do.
+
+    Before Ray starts: a DIR without any requested task's files used to skip every task and
+    exit 0 with an empty results file.
+    """
+    given = config.senteval_dir
+    directory = sd.find_downstream_dir(given) if given else Path(shipped_senteval_dir())
+    tasks = [task for group in resolve_tasks(config.tasks).values() for task in group]
+    try:
+        present = [t for t in tasks if sd.task_present(directory, t, TASK_SPECS[t].needed)]
+    except sd.SentEvalDataError as error:  # some of a task's files, not all: broken data
+        raise ConfigError(f"senteval_dir: {error}") from None
+    if not present:
+        where = given or "the shipped STS-B-only data (give --senteval-data DIR)"
+        raise ConfigError(
+            f"senteval_dir: no data for any requested task ({', '.join(tasks)}) in {where}; "
+            f"expected {sd.EXPECTED_LAYOUT}"
+        )
+    if given and directory != Path(given):
+        print(f"SentEval data: using {directory}", file=sys.stderr)
+        config.senteval_dir = str(directory)
 
 
 def parse_args(argv: list[str] | None) -> EvaluationConfig:
@@ -68,6 +101,8 @@ def parse_args(argv: list[str] | None) -> EvaluationConfig:
         if args.concurrency is not None:
             config.encode.concurrency = args.concurrency
         config.validate()
+        require_model_dir(config.model, "model")
+        check_task_data(config)
     except ConfigError as error:
         parser.exit(2, f"config error: {error}\n")
     return config

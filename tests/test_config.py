@@ -1,6 +1,14 @@
+from pathlib import Path
+
 import pytest
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config, parse_override
+from distributed_emb.config import (
+    ConfigError,
+    TrainingConfig,
+    load_config,
+    parse_override,
+    require_range,
+)
 
 
 def test_yaml_and_overrides_merge(tmp_path):
@@ -91,3 +99,231 @@ def test_job_rejects_bad_config_before_ray_starts(tmp_path):
     assert completed.returncode == 2
     assert "loss.temperature" in completed.stderr
     assert "ray" not in completed.stderr.lower().split("config error")[0][-200:]
+
+
+# --- ranges: every numeric key, one helper, messages naming key and value ---------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.max_grad_norm=-1", "train.max_grad_norm: must be > 0 or null, got -1.0"),
+        ("train.max_grad_norm=0", "train.max_grad_norm: must be > 0 or null, got 0.0"),
+        ("eval.batch_size=0", "eval.batch_size: must be >= 1, got 0"),
+        ("train.torch_threads=0", "train.torch_threads: must be >= 1 or null, got 0"),
+        ("data.max_rows=0", "data.max_rows: must be >= 1 or null, got 0"),
+        ("data.shuffle_seed=-1", "data.shuffle_seed: must be in [0, 4294967295] or null"),
+        ("train.checkpoint_steps=0", "train.checkpoint_steps: must be >= 1 or null, got 0"),
+        ("train.learning_rate=.inf", "train.learning_rate: must be a finite number, got inf"),
+        ("train.learning_rate=1e999", "train.learning_rate: must be a finite number, got inf"),
+        ("loss.temperature=.nan", "loss.temperature: must be a finite number, got nan"),
+        ("train.weight_decay=-0.1", "train.weight_decay: must be >= 0, got -0.1"),
+        ("train.warmup_ratio=1", "train.warmup_ratio: must be in [0, 1), got 1.0"),
+        ("train.cpus_per_worker=0", "train.cpus_per_worker: must be > 0, got 0.0"),
+        ("train.seed=-5", "train.seed: must be in [0, 4294967295], got -5"),
+        ("train.deepspeed.zero_stage=4", "train.deepspeed.zero_stage: must be in [0, 3], got 4"),
+        ("output.checkpoints_to_keep=0", "output.checkpoints_to_keep: must be >= 1, got 0"),
+        ("output.dir=", "output.dir: is empty"),
+        ("ray.num_cpus=0", "ray.num_cpus: must be >= 1 or null, got 0"),
+        ("ray.object_store_memory_mb=10", "ray.object_store_memory_mb: must be in [75, "),
+        ("ray.object_store_memory_mb=1073741824", "got 1073741824 (MiB: at least Ray's minimum"),
+    ],
+)
+def test_numeric_ranges_name_key_and_value(override, message):
+    with pytest.raises(ConfigError) as error_info:
+        load_config(TrainingConfig, None, [override])
+    assert message in str(error_info.value)
+
+
+def test_null_is_accepted_where_it_means_off_or_default():
+    config = load_config(
+        TrainingConfig,
+        None,
+        [
+            "train.max_grad_norm=null",
+            "train.torch_threads=null",
+            "data.max_rows=null",
+            "train.checkpoint_steps=null",
+            "ray.num_cpus=null",
+            "ray.object_store_memory_mb=null",
+        ],
+    )
+    assert config.train.max_grad_norm is None and config.ray.object_store_memory_mb is None
+
+
+def test_require_range_bounds_and_message():
+    require_range(0.5, "k", 0, 1, low_open=True, high_open=True)
+    require_range(None, "k", 1, allow_none=True)
+    with pytest.raises(ConfigError, match=r"^k: must be in \(0, 1\), got 1$"):
+        require_range(1, "k", 0, 1, low_open=True, high_open=True)
+    with pytest.raises(ConfigError, match=r"^k: must be >= 1, got null$"):
+        require_range(None, "k", 1)
+    with pytest.raises(ConfigError, match=r"^k: must be >= 1, got True \(a count\)$"):
+        require_range(True, "k", 1, why="a count")
+    with pytest.raises(ConfigError, match="finite"):
+        require_range(float("inf"), "k")
+
+
+# --- model.path must be a model directory ----------------------------------------------------
+
+
+def test_model_path_that_is_a_file_or_not_a_model_is_refused(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a sentence\n")
+    with pytest.raises(ConfigError, match=r"model\.path: .*corpus\.txt is a file, not a model"):
+        load_config(TrainingConfig, None, [f"model.path={corpus}"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"is not a model directory: it has neither config\.json"):
+        load_config(TrainingConfig, None, [f"model.path={empty}"])
+
+
+@pytest.mark.parametrize("marker", ["config.json", "modules.json"])
+def test_model_path_with_config_or_modules_json_is_accepted(tmp_path, marker):
+    (tmp_path / marker).write_text("{}")
+    assert load_config(TrainingConfig, None, [f"model.path={tmp_path}"]).model.path == str(tmp_path)
+
+
+# --- text keys are taken literally -----------------------------------------------------------
+
+
+def test_text_overrides_keep_their_literal_text():
+    assert parse_override("data.path=2024", TrainingConfig) == ("data.path", "2024")
+    assert parse_override("output.dir=/x #1", TrainingConfig) == ("output.dir", "/x #1")
+    assert parse_override("output.dir=a: b", TrainingConfig) == ("output.dir", "a: b")
+    assert parse_override("output.run_name=[1]", TrainingConfig) == ("output.run_name", "[1]")
+    # A nullable text key still takes null; a choice loses stray blanks.
+    assert parse_override("output.storage_path=null", TrainingConfig)[1] is None
+    assert parse_override("model.pooler= mean", TrainingConfig) == ("model.pooler", "mean")
+    # Numbers, lists and unknown keys stay YAML-typed.
+    assert parse_override("train.batch_size=16", TrainingConfig) == ("train.batch_size", 16)
+    assert parse_override("nonsense.key=3", TrainingConfig) == ("nonsense.key", 3)
+
+
+def test_output_dir_override_with_hash_and_number(tmp_path):
+    config = load_config(TrainingConfig, None, [f"output.dir={tmp_path}/run #1"])
+    assert config.output.dir == f"{tmp_path}/run #1"
+    assert load_config(TrainingConfig, None, ["output.dir=2024"]).output.dir == "2024"
+
+
+def test_output_flag_is_taken_literally(tmp_path, monkeypatch):
+    from distributed_emb import cli
+
+    monkeypatch.setattr(cli, "setup_logging", lambda _dir: None)
+    monkeypatch.chdir(tmp_path)
+    config = cli.parse_training_args(["--output", "/runs/x #1"], None, "test")
+    assert config.output.dir == "/runs/x #1"
+    config = cli.parse_training_args(["--output", "2024", "output.dir=other"], None, "test")
+    # The flag wins over an override (the job may make the directory absolute).
+    assert Path(config.output.dir).resolve() == (tmp_path / "2024").resolve()
+
+
+def test_values_are_set_unparsed_after_overrides():
+    config = load_config(
+        TrainingConfig, None, ["output.dir=from_override"], values={"output.dir": "x #1"}
+    )
+    assert config.output.dir == "x #1"
+
+
+# --- the other configs: MCR², InfoCSE, Tune ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.weight_decay=-1", "optim.weight_decay: must be >= 0, got -1.0"),
+        ("optim.seed=-1", "optim.seed: must be in [0, 4294967295], got -1"),
+        ("encoder.max_seq_length=0", "encoder.max_seq_length: must be >= 4 or null, got 0"),
+        ("encoder.torch_threads=0", "encoder.torch_threads: must be >= 1 or null, got 0"),
+        ("loss.pair_weight=-1", "loss.pair_weight: must be >= 0, got -1.0"),
+        ("pairs.min_score=6", "pairs.min_score: must be in [0, 5], got 6.0"),
+        ("eval.transfer.kfold_c=[1.0, -2.0]", "eval.transfer.kfold_c[1]: must be > 0, got -2.0"),
+        ("head.hidden_dims=[0]", "head.hidden_dims[0]: must be >= 1, got 0"),
+        ("ray.object_store_memory_mb=1", "ray.object_store_memory_mb: must be in [75, "),
+    ],
+)
+def test_mcr2_ranges(override, message):
+    from distributed_emb.mcr2.config import MCR2Config
+
+    with pytest.raises(ConfigError) as error_info:
+        load_config(MCR2Config, None, [override])
+    assert message in str(error_info.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rounds.min_improvement=-1", "rounds.min_improvement: must be in [0, 100], got -1.0"),
+        ("supervised.score_threshold=9", "supervised.score_threshold: must be in [0, 5], got 9.0"),
+        ("annotation.torch_threads=0", "annotation.torch_threads: must be >= 1 or null, got 0"),
+        ("annotation.idc.seed=-1", "annotation.idc.seed: must be in [0, 4294967295], got -1"),
+        ("training.eval.batch_size=0", "training.eval.batch_size: must be >= 1, got 0"),
+    ],
+)
+def test_infocse_ranges(override, message):
+    from distributed_emb.infocse.config import InfoCSEConfig
+
+    with pytest.raises(ConfigError) as error_info:
+        load_config(InfoCSEConfig, None, [override])
+    assert message in str(error_info.value)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "org/documents",
+        "wikitext",
+        "hf://datasets/org/documents",
+        "s3://bucket/docs.jsonl",
+        "gs://b/d.parquet",
+    ],
+)
+def test_infocse_hub_and_remote_documents_pass_validation(source):
+    # The old check let a missing path through only for a format DocumentsConfig never had,
+    # so hub-hosted documents could not be configured at all.
+    from distributed_emb.infocse.config import InfoCSEConfig
+
+    config = load_config(InfoCSEConfig, None, [f"documents.paths=[{source}]"])
+    assert config.documents.paths == [source]
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("corpus/docs.jsonl", "corpus/docs.jsonl does not exist"),
+        ("/no/such/docs", "/no/such/docs does not exist"),
+        ("{tmp}/shards/*.jsonl", "shards/*.jsonl matches no file"),
+    ],
+)
+def test_infocse_missing_local_documents_fail(tmp_path, source, message):
+    from distributed_emb.infocse.config import InfoCSEConfig
+
+    source = source.replace("{tmp}", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^documents\.paths: ") as error_info:
+        load_config(InfoCSEConfig, None, [f"documents.paths=[{source}]"])
+    assert message in str(error_info.value)
+
+
+def test_local_glob_that_matches_is_accepted(tmp_path):
+    from distributed_emb.infocse.config import InfoCSEConfig
+
+    (tmp_path / "a.jsonl").write_text('{"id": "1", "sentences": ["x", "y"]}\n')
+    load_config(InfoCSEConfig, None, [f"documents.paths=[{tmp_path}/*.jsonl]"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("tune.num_samples=0", "tune.num_samples: must be >= 1, got 0"),
+        ("tune.max_t=0", "tune.max_t: must be >= 1 or null, got 0"),
+        ("tune.max_concurrent_trials=0", "tune.max_concurrent_trials: must be >= 1 or null"),
+        ("tune.max_failures=-2", "tune.max_failures: must be >= -1, got -2 (-1: unlimited)"),
+        ("tune.reduction_factor=.inf", "tune.reduction_factor: must be a finite number"),
+    ],
+)
+def test_tune_settings_ranges(override, message):
+    from tune.settings import SearchJobConfig
+
+    with pytest.raises(ConfigError) as error_info:
+        load_config(SearchJobConfig, None, ["train.max_steps=20", override])
+    assert message in str(error_info.value)

@@ -244,14 +244,16 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     import ray
     from ray import tune as ray_tune
 
-    from distributed_emb.data.corpus import load_training_dataset
+    from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 
     started = time.time()
     paths = search_paths(config)
     base, space = config.base(), config.space()
 
-    dataset, report = load_training_dataset(config.data)
-    dataset = dataset.materialize()  # blocks in the object store: trials run no read tasks
+    counter = start_drop_counter()
+    # Blocks in the object store: trials run no read tasks (the counts are then complete).
+    dataset = training_dataset(config.data, counter).materialize()
+    report = collect_report(counter)
     num_rows = dataset.count()
     corpus_load_s = time.time() - started
     log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)

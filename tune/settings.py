@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from distributed_emb.config import ConfigError, TrainingConfig
+from distributed_emb.config import ConfigError, TrainingConfig, require_range, require_seed
 from tune.search_space import DEFAULT_SEARCH_SPACE, Distribution, parse_search_space
 
 
@@ -64,11 +64,13 @@ class SearchJobConfig(TrainingConfig):
     def validate(self) -> None:
         super().validate()
         t = self.tune
-        _require(t.num_samples >= 1, "tune.num_samples", "must be >= 1")
-        _require(t.reduction_factor > 1, "tune.reduction_factor", "must be > 1")
-        _require(t.max_failures >= -1, "tune.max_failures", "must be >= -1 (-1: unlimited)")
-        if t.max_concurrent_trials is not None:
-            _require(t.max_concurrent_trials >= 1, "tune.max_concurrent_trials", "must be >= 1")
+        require_range(t.num_samples, "tune.num_samples", 1)
+        require_range(t.grace_period, "tune.grace_period", 1, allow_none=True)
+        require_range(t.reduction_factor, "tune.reduction_factor", 1, low_open=True)
+        require_range(t.max_t, "tune.max_t", 1, allow_none=True)
+        require_range(t.max_concurrent_trials, "tune.max_concurrent_trials", 1, allow_none=True)
+        require_range(t.max_failures, "tune.max_failures", -1, why="-1: unlimited")
+        require_seed(t.seed, "tune.seed", allow_none=True)
         space = self.space()
         if t.searcher == "optuna":
             grid = [key for key, d in space.items() if d.kind == "grid"]

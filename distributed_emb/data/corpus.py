@@ -103,13 +103,15 @@ class KeepCleanRows:
     def __call__(self, block: pa.Table) -> pa.Table:
         import ray
 
+        # Columns only the count needs (DocumentRows adds `_blank_sentences`).
+        bookkeeping = [c for c in (DROP, WHERE, "_blank_sentences") if c in block.column_names]
         if block.num_rows == 0:
-            return block.drop_columns([DROP, WHERE])
+            return block.drop_columns(bookkeeping)
         report = DropReport.of_block(block)
         key = int(pc.min(block.column(ROW_ID)).as_py())
         ray.get(self.counter.add.remote(key, report.as_dict()))
         kept = block.filter(pc.equal(block.column(DROP), ""))
-        return kept.drop_columns([DROP, WHERE])
+        return kept.drop_columns(bookkeeping)
 
 
 def _text_key(block: pa.Table, columns: list[str]) -> np.ndarray:

@@ -12,6 +12,7 @@ NumPy array (no pickle: loaded with allow_pickle=False).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +73,22 @@ def load_epoch_rows(directory: str) -> np.ndarray:
         for path in sorted(Path(directory).glob(CONSUMED_FILE.format(rank="*")))
     ]
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
+class TrainedRowLog:
+    """`output.row_log`: which rows each rank trained on, batch by batch, in a JSONL file per
+    rank (appended across restarts; `attempt` tells the runs apart)."""
+
+    def __init__(self, output_dir: str, rank: int):
+        self.path = Path(output_dir) / "trained_rows" / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, state, row_ids: np.ndarray) -> None:
+        record = {
+            "attempt": state.restarts,
+            "epoch": state.epoch,
+            "step": state.step + 1,  # the optimizer step this batch counts towards
+            "rows": [int(r) for r in row_ids],
+        }
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -176,7 +177,7 @@ class DropReport:
                 report.rows += 1
                 report.kept += 1
         if "_blank_sentences" in table.column_names:
-            blank = sum(table.column("_blank_sentences").to_pylist())
+            blank = pc.sum(table.column("_blank_sentences")).as_py() or 0
             if blank:
                 report.counters["blank_sentences_removed"] = blank
         return report

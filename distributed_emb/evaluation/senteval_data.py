@@ -452,3 +452,44 @@ def task_present(
     raise SentEvalDataError(
         f"{senteval_dir}: task {task} is incomplete; missing {', '.join(missing)}"
     )
+
+
+# --- where the task folders are -------------------------------------------------------------
+
+# Every task task_files knows, in SentEval's order.
+SENTEVAL_TASKS: tuple[str, ...] = (
+    *STS_YEAR_SUBSETS,
+    "STSBenchmark",
+    "SICKRelatedness",
+    *BINARY_TASK_FILES,
+    "SST2",
+    "TREC",
+    "MRPC",
+)
+# The folders directly under data/downstream: STS, SICK, MR, CR, SUBJ, MPQA, SST, TREC, MRPC.
+TASK_FOLDERS: tuple[str, ...] = tuple(
+    dict.fromkeys(f.split("/")[0] for task in SENTEVAL_TASKS for f in task_files(task))
+)
+EXPECTED_LAYOUT = (
+    "SentEval's data/downstream directory (or its parent data/), holding task folders such as "
+    "STS/STSBenchmark/sts-test.csv, SICK/SICK_test_annotated.txt and MR/rt-polarity.pos, as "
+    "SentEval's data/downstream/get_transfer_data.bash downloads them"
+)
+
+
+def _holds_task_folders(directory: Path) -> bool:
+    return directory.is_dir() and any((directory / name).is_dir() for name in TASK_FOLDERS)
+
+
+def find_downstream_dir(directory: str | os.PathLike) -> Path:
+    """The folder holding the task folders (STS/, SICK/, MR/, ...), given `directory` as that
+    folder (``data/downstream``), its parent (SentEval's ``data/``) or a SentEval checkout.
+
+    Users point at ``data/`` as often as at ``data/downstream``; every task then looked absent
+    and was skipped. Returns `directory` itself when no candidate holds a task folder.
+    """
+    base = Path(directory)
+    for candidate in (base, base / "downstream", base / "data" / "downstream"):
+        if _holds_task_folders(candidate):
+            return candidate
+    return base

@@ -4,9 +4,15 @@ and optional InfoCSE++ supervised rounds. Loaded with `distributed_emb.config.lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from distributed_emb.config import ConfigError, TrainingConfig, _require
+from distributed_emb.config import (
+    ConfigError,
+    TrainingConfig,
+    _require,
+    require_range,
+    require_seed,
+    require_sources,
+)
 from distributed_emb.data.documents import DocumentsConfig
 from distributed_emb.infocse.annotate import AnnotationConfig
 
@@ -47,19 +53,29 @@ class InfoCSEConfig:
                 section.validate()
             except ValueError as error:
                 raise ConfigError(f"{name}: {error}") from error
-        for path in self.documents.paths:
-            _require(
-                Path(path).exists() or self.documents.format == "hf",
-                "documents.paths",
-                f"{path} does not exist",
-            )
+        # Local paths must exist; 'org/name' and hf:// / s3:// / gs:// sources are read by the
+        # readers from the hub or object store, so they cannot be checked here.
+        require_sources(self.documents.paths, "documents.paths")
+        a = self.annotation
+        require_range(a.max_seq_length, "annotation.max_seq_length", 4, allow_none=True)
+        require_range(a.torch_threads, "annotation.torch_threads", 1, allow_none=True)
+        require_range(
+            a.num_cpus_per_actor, "annotation.num_cpus_per_actor", 0, low_open=True, allow_none=True
+        )
+        require_range(a.num_gpus_per_actor, "annotation.num_gpus_per_actor", 0)
+        require_seed(a.idc.seed, "annotation.idc.seed")
         try:
             self.training.validate()
         except ConfigError as error:
             raise ConfigError(f"training.{error}") from error
         r, s = self.rounds, self.supervised
-        _require(r.max_rounds >= 1, "rounds.max_rounds", "must be >= 1")
-        _require(r.patience >= 1, "rounds.patience", "must be >= 1")
+        require_range(r.max_rounds, "rounds.max_rounds", 1)
+        require_range(r.patience, "rounds.patience", 1)
+        require_range(r.min_improvement, "rounds.min_improvement", 0, 100, why="Spearman points")
+        # STS-B / SICK gold scores run from 0 to 5: a threshold outside selects all or nothing.
+        require_range(r.retrieval_threshold, "rounds.retrieval_threshold", 0, 5)
         _require(s.source in ("stsb", "sick"), "supervised.source", "must be 'stsb' or 'sick'")
-        _require(s.max_steps >= 1, "supervised.max_steps", "must be >= 1")
-        _require(s.learning_rate > 0, "supervised.learning_rate", "must be > 0")
+        require_range(s.score_threshold, "supervised.score_threshold", 0, 5)
+        require_range(s.max_steps, "supervised.max_steps", 1)
+        require_range(s.learning_rate, "supervised.learning_rate", 0, low_open=True)
+        _require(bool(self.output_dir.strip()), "output_dir", "is empty")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from distributed_emb.atomic_files import staged_directory
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
 
@@ -107,12 +108,16 @@ def _train(
     training = copy.deepcopy(config.training)
     training.model.path = model_dir
     training.data.path = pairs_path
-    training.data.format = "parquet"
     training.data.kind = "pairs"
     training.data.group_column = "doc_id"
     training.data.shuffle_seed = None  # keep the document-spreading arrangement
     training.output.dir = output_dir
-    training.output.run_name = Path(output_dir).name
+    # One Ray Train run per round and stage ("<name>-round_2-train"): with a shared
+    # output.storage_path, a round must never find (and resume) another round's checkpoints.
+    # A rerun deletes the round directory and starts the round afresh: so does its run.
+    base_name = config.training.output.run_name or Path(config.output_dir).name
+    training.output.run_name = f"{base_name}-{Path(output_dir).parent.name}-{Path(output_dir).name}"
+    training.output.resume = "overwrite"
     # The round's model is its training's best trained checkpoint, even when worse than the
     # model it started from: the next round re-annotates with it, and run_rounds decides
     # (patience) and exports the best of all rounds, the initial model included.
@@ -272,18 +277,20 @@ def _dev_fields(scores: dict) -> dict:
 
 def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None:
     target = output / "model"
-    if target.exists():
-        shutil.rmtree(target)
-    if best.stage == "initial" and not is_sentence_transformer_dir(best.model_dir):
-        from distributed_emb.model.sentence_transformer import load_sentence_transformer
+    # Built beside model/ and swapped in: a crash mid-copy keeps the previous model/ whole
+    # (it used to be deleted first, leaving nothing, or half a copy).
+    with staged_directory(target) as staged:
+        if best.stage == "initial" and not is_sentence_transformer_dir(best.model_dir):
+            from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
-        load_sentence_transformer(
-            best.model_dir,
-            pooler=config.training.model.pooler,
-            max_seq_length=config.training.model.max_seq_length,
-        ).save(str(target))
-    else:
-        shutil.copytree(best.model_dir, target)
+            load_sentence_transformer(
+                best.model_dir,
+                pooler=config.training.model.pooler,
+                max_seq_length=config.training.model.max_seq_length,
+            ).save(str(staged))
+        else:
+            # dirs_exist_ok: the staging directory already exists (empty).
+            shutil.copytree(best.model_dir, staged, dirs_exist_ok=True)
     log.warning(
         "best: round %d (%s), STS-B dev %.2f → exported to %s",
         best.round,

@@ -6,9 +6,18 @@ Every knob of ``jobs/train_mcr2.py`` lives here; ``jobs/configs/mcr2.yaml`` show
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from distributed_emb.config import ConfigError, RayConfig
+from distributed_emb.config import (
+    ConfigError,
+    RayConfig,
+    require_model_dir,
+    require_range,
+    require_seed,
+    require_sources,
+    validate_ray_config,
+)
 from distributed_emb.evaluation.transfer import TransferConfig
 from distributed_emb.losses.mcr2 import MCR2LossConfig
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
@@ -88,25 +97,73 @@ class MCR2Config:
                 raise ConfigError(f"{key}: {message}")
 
         require(bool(self.output_dims), "output_dims", "give at least one output size")
-        require(all(d >= 1 for d in self.output_dims), "output_dims", "sizes must be ≥ 1")
+        for i, dim in enumerate(self.output_dims):
+            require_range(dim, f"output_dims[{i}]", 1)
         require(
             len(set(self.output_dims)) == len(self.output_dims), "output_dims", "has duplicates"
         )
+        require(bool(self.output_dir.strip()), "output_dir", "is empty")
+        e = self.encoder
+        require_model_dir(e.path, "encoder.path")
+        require_range(e.max_seq_length, "encoder.max_seq_length", 4, allow_none=True)
+        require_range(e.batch_size, "encoder.batch_size", 1)
+        require_range(e.concurrency, "encoder.concurrency", 1)
+        require_range(e.torch_threads, "encoder.torch_threads", 1, allow_none=True)
+        s, p = self.sentences, self.pairs
+        if s.paths:
+            require_sources(s.paths, "sentences.paths")
+        require_range(s.min_sentences, "sentences.min_sentences", 1)
+        require_seed(s.seed, "sentences.seed")
+        if p.source == "file" and p.path:
+            require_sources([p.path], "pairs.path")
+        if p.source == "sts" and p.senteval_dir is not None:
+            require(
+                Path(p.senteval_dir).is_dir(),
+                "pairs.senteval_dir",
+                f"{p.senteval_dir} is not a directory",
+            )
+        # STS-B and SICK gold scores run from 0 to 5: a bound outside selects nothing or all.
+        require_range(p.min_score, "pairs.min_score", 0, 5)
+        require_seed(p.seed, "pairs.seed")
+        a = self.assignments
+        require_range(a.num_clusters, "assignments.num_clusters", 2)
+        require_range(a.temperature, "assignments.temperature", 0, low_open=True)
+        h = self.head
         require(
             self.head.activation in ACTIVATIONS, "head.activation", f"one of {list(ACTIVATIONS)}"
         )
-        require(all(h >= 1 for h in self.head.hidden_dims), "head.hidden_dims", "sizes must be ≥ 1")
-        require(0.0 <= self.head.dropout < 1.0, "head.dropout", "must be in [0, 1)")
-        require(self.loss.eps > 0, "loss.eps", "must be > 0")
-        require(self.assignments.num_clusters >= 2, "assignments.num_clusters", "must be ≥ 2")
-        require(self.assignments.temperature > 0, "assignments.temperature", "must be > 0")
-        require(self.optim.epochs >= 1, "optim.epochs", "must be ≥ 1")
-        require(self.optim.batch_size >= 2, "optim.batch_size", "must be ≥ 2")
-        require(self.optim.pair_batch_size >= 1, "optim.pair_batch_size", "must be ≥ 1")
-        require(self.optim.lr > 0, "optim.lr", "must be > 0")
-        require(self.optim.torch_threads >= 1, "optim.torch_threads", "must be ≥ 1")
-        require(self.encoder.batch_size >= 1, "encoder.batch_size", "must be ≥ 1")
-        require(self.encoder.concurrency >= 1, "encoder.concurrency", "must be ≥ 1")
+        for i, hidden in enumerate(h.hidden_dims):
+            require_range(hidden, f"head.hidden_dims[{i}]", 1)
+        require_range(h.dropout, "head.dropout", 0, 1, high_open=True)
+        require_range(self.loss.eps, "loss.eps", 0, low_open=True)
+        require_range(self.loss.pair_weight, "loss.pair_weight", 0)
+        require_range(self.loss.compress_weight, "loss.compress_weight", 0)
+        o = self.optim
+        require_range(o.epochs, "optim.epochs", 1)
+        require_range(o.batch_size, "optim.batch_size", 2)
+        require_range(o.pair_batch_size, "optim.pair_batch_size", 1)
+        require_range(o.lr, "optim.lr", 0, low_open=True)
+        require_range(o.weight_decay, "optim.weight_decay", 0)
+        require_seed(o.seed, "optim.seed")
+        require_range(o.torch_threads, "optim.torch_threads", 1)
+        ev = self.eval
+        if ev.senteval_dir is not None:
+            require(
+                Path(ev.senteval_dir).is_dir(),
+                "eval.senteval_dir",
+                f"{ev.senteval_dir} is not a directory",
+            )
+        require_range(ev.retrieval_min_score, "eval.retrieval_min_score", 0, 5)
+        tr = ev.transfer
+        require_range(tr.kfold, "eval.transfer.kfold", 2)
+        require_seed(tr.seed, "eval.transfer.seed")
+        require_range(tr.max_iter, "eval.transfer.max_iter", 1)
+        for name in ("inner_kfold_c", "kfold_c"):
+            grid = getattr(tr, name)
+            require(bool(grid), f"eval.transfer.{name}", "give at least one C")
+            for i, c in enumerate(grid):
+                require_range(c, f"eval.transfer.{name}[{i}]", 0, low_open=True)
+        validate_ray_config(self.ray)
         for section, check in (("sentences", self.sentences), ("pairs", self.pairs)):
             try:
                 check.validate()

@@ -33,7 +33,6 @@ class SentencesConfig:
     # Document sources for data/documents.py (JSONL, Parquet, HF); None: the shipped
     # wiki_documents.jsonl (97 Wikipedia articles).
     paths: list[str] | None = None
-    format: Literal["auto", "jsonl", "parquet", "hf_disk", "hf_hub"] = "auto"
     id_column: str = "id"  # the cluster column: document id, IDC cluster id, label, ...
     sentences_column: str = "sentences"  # a list of sentences per row ...
     text_column: str = "text"  # ... or a text, split into sentences
@@ -49,7 +48,6 @@ class SentencesConfig:
     def documents(self) -> DocumentsConfig:
         return DocumentsConfig(
             paths=list(self.paths) if self.paths else [shipped_corpus("wiki_documents.jsonl")],
-            format=self.format,
             id_column=self.id_column,
             sentences_column=self.sentences_column,
             text_column=self.text_column,
@@ -74,7 +72,6 @@ class PairsConfig:
     min_score: float = 4.0
     # file: a pairs table (JSONL / Parquet / HF dataset dir).
     path: str | None = None
-    format: Literal["auto", "jsonl", "parquet", "hf"] = "auto"
     anchor_column: str = "anchor"
     positive_column: str = "positive"
     # Any source: at most this many pairs, sampled with `seed` (None: all).
@@ -188,7 +185,7 @@ def load_pairs_file(config: PairsConfig) -> SimilarPairs:
     from distributed_emb.data.corpus import read_rows
 
     columns = [config.anchor_column, config.positive_column]
-    rows, report = read_rows(config.path, fmt=config.format, columns=columns)
+    rows, report = read_rows(config.path, columns=columns)
     origin = f"{config.path} ({report.summary()})"
     return _sample_pairs(rows[columns[0]], rows[columns[1]], config, origin)
 

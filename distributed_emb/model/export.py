@@ -4,16 +4,25 @@ The directory holds Transformer → Pooling [→ Dense (the checkpoint's pooler,
 [→ Dense (the SimCSE MLP, only when mlp_head == "export")] [→ Normalize, when the starting
 model had one], so `SentenceTransformer(path)` computes exactly `SentenceEncoder.encode`
 (L2-normalised in the last case; checked by tests/model/test_export.py).
+
+With a `ModelCardInfo` (model/model_card.py) the directory's README.md is a filled model card:
+base model, licence, corpus, method and objective, hyperparameters, STS-B scores, command.
 """
 
 from __future__ import annotations
 
 import tempfile
-from pathlib import Path
 
 import torch
 
+from distributed_emb.atomic_files import staged_directory
 from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.model.model_card import (
+    ModelCardInfo,
+    add_eval_results,
+    card_data,
+    write_readme,
+)
 from distributed_emb.model.sentence_transformer import (
     _st_modules,
     dense_module,
@@ -29,9 +38,13 @@ def export_sentence_transformer(
     max_seq_length: int,
     include_mlp: bool = False,
     normalize: bool = False,
+    card: ModelCardInfo | None = None,
 ) -> str:
-    """`normalize`: end with a Normalize module (unit-length embeddings), for a model trained
-    from one that had it, so the export keeps its starting model's output contract."""
+    """`max_seq_length`: the export's (see model_card.export_max_seq_length: the base model's,
+    not the training length). `normalize`: end with a Normalize module (unit-length
+    embeddings), for a model trained from one that had it, so the export keeps its starting
+    model's output contract. `card`: what the README.md says (None: sentence-transformers'
+    bare card)."""
     from sentence_transformers import SentenceTransformer
 
     modules = _st_modules()
@@ -46,7 +59,15 @@ def export_sentence_transformer(
             stack.append(dense_module(encoder.mlp[0], torch.nn.Tanh()))
         if normalize:
             stack.append(modules.Normalize())
-        model = SentenceTransformer(modules=stack, device="cpu")
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        model.save(output_dir)
+        model = SentenceTransformer(
+            modules=stack, device="cpu", model_card_data=card_data(card) if card else None
+        )
+        if card is not None:
+            add_eval_results(model, card)
+        # Saved into a sibling and swapped in whole: a crash mid-save leaves the previous
+        # export (or none), never weights without modules.json.
+        with staged_directory(output_dir) as staged:
+            model.save(str(staged), create_model_card=card is None)
+            if card is not None:
+                write_readme(model, staged, card)
     return output_dir

@@ -1,5 +1,6 @@
 """What a training checkpoint holds beyond the engine's weights and optimizer: the loop's
-position (step, epoch, batches consumed in the epoch), the RNG states and the config.
+position (step, epoch, batches consumed in the epoch), the RNG states, the config and the
+run's identity (run_identity.json: the fingerprint of the settings that define the run).
 
 Everything is JSON, safetensors or plain tensors loaded with weights_only=True: a checkpoint
 from shared storage can never run code when it is loaded.
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import torch
 
+from distributed_emb.train.run_identity import CONFIG_FILE, IDENTITY_FILE, identity_record
+
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
-CONFIG_FILE = "training_config.json"
 
 
 @dataclass
@@ -60,6 +62,9 @@ def save_loop_state(directory: str, state: LoopState, config: dict, rank: int) -
     if rank == 0:
         (path / STATE_FILE).write_text(state.to_json())
         (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        # The run's fingerprint: the driver compares it with a new run under the same name
+        # before resuming (run_identity.prepare_run).
+        (path / IDENTITY_FILE).write_text(json.dumps(identity_record(config), indent=2))
 
 
 def load_loop_state(directory: str, rank: int) -> LoopState:

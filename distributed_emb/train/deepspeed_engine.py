@@ -9,12 +9,20 @@ Choices that differ from DeepSpeed's defaults, on purpose:
 - The optimizer and LR schedule are ours (AdamW, linear warm-up/decay), so DDP and ZeRO runs
   of one config train the same way; `zero_allow_untested_optimizer` allows that under ZeRO.
 - A user DeepSpeed JSON (train.deepspeed.config_path) overrides any key we set.
+- Checkpoints are restored without unpickling code: DeepSpeed's `.pt` files are pickles that
+  its TorchCheckpointEngine loads with weights_only=False; ours loads them with
+  weights_only=True, allowing only the plain-data DeepSpeed classes they hold
+  (SAFE_DEEPSPEED_GLOBALS). train.deepspeed.trust_checkpoints=true restores DeepSpeed's own
+  loading, for checkpoints you wrote yourself that hold something else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -31,6 +39,47 @@ from distributed_emb.train.engine import (
 )
 
 DEEPSPEED_TAG = "deepspeed"
+
+# What DeepSpeed 0.19's ZeRO checkpoints pickle besides tensors, numbers, strings and
+# containers (found with torch.serialization.get_unsafe_globals_in_checkpoint, stages 0-3,
+# fp32/bf16; the fp16 dynamic scaler is the same kind). Each is a bag of attributes or an
+# enum: unpickling sets attributes or looks up a member; no constructor or __setstate__ runs.
+SAFE_DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+)
+TRUST_KEY = "train.deepspeed.trust_checkpoints"
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A DeepSpeed checkpoint file needs more than weights-only unpickling to load."""
+
+
+def _safe_globals() -> list:
+    classes = []
+    for dotted in SAFE_DEEPSPEED_GLOBALS:
+        module, _, name = dotted.rpartition(".")
+        classes.append(getattr(importlib.import_module(module), name))
+    return classes
+
+
+def load_weights_only(path: str, map_location=None):
+    """torch.load of one DeepSpeed checkpoint file without running code from it."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message names the refused global ("... unsupported GLOBAL posix.system ...").
+        found = re.search(r"GLOBAL ([\w.]+)", str(error))
+        needs = found.group(1) if found else "an object weights-only loading refuses"
+        raise UnsafeCheckpointError(
+            f"refusing to restore DeepSpeed checkpoint file {path}: it needs {needs}, which is "
+            f"neither a tensor, plain data nor an allowed DeepSpeed class, and unpickling it "
+            f"could run code. If you wrote this checkpoint yourself, set {TRUST_KEY}=true to "
+            f"load it with full pickle."
+        ) from None
 
 
 def deepspeed_config(train_config) -> dict:
@@ -75,6 +124,13 @@ class DeepSpeedEngine:
             model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.config
         )
         self.forward_module = self.engine
+        self.trust_checkpoints = train_config.deepspeed.trust_checkpoints
+        if not self.trust_checkpoints:
+            # Every ZeRO stage 0-3 restore reads its files through engine.checkpoint_engine.load
+            # (model states via the SD loader, optimizer partitions, ZeRO-3 shards; only MoE
+            # experts, which this project never builds, bypass it). An instance attribute
+            # replaces DeepSpeed's pickle load there; saves are unchanged.
+            self.engine.checkpoint_engine.load = load_weights_only
 
     def autocast(self):
         # bf16/fp16 in DeepSpeed cast the parameters themselves; no autocast on top.
@@ -116,6 +172,14 @@ class DeepSpeedEngine:
 
     def load(self, directory: str) -> None:
         if (Path(directory) / DEEPSPEED_TAG).exists():
+            if self.engine.load_universal_checkpoint() and not self.trust_checkpoints:
+                # Universal checkpoints are read with torch.load(weights_only=False) directly,
+                # past the checkpoint engine.
+                raise UnsafeCheckpointError(
+                    f"refusing to restore {directory}: DeepSpeed loads universal checkpoints "
+                    f"(checkpoint.load_universal in the DeepSpeed config) with full pickle; "
+                    f"set {TRUST_KEY}=true if you wrote this checkpoint yourself"
+                )
             self.engine.load_checkpoint(directory, tag=DEEPSPEED_TAG)
         else:  # a DDP checkpoint: weights only, fresh optimizer
             load_encoder_weights(self.module, directory)

@@ -21,7 +21,12 @@ import torch
 from distributed_emb import distributed
 from distributed_emb.config import TrainingConfig, training_config_from_dict
 from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
-from distributed_emb.data.epoch_stream import epoch_batches, load_epoch_rows, save_epoch_rows
+from distributed_emb.data.epoch_stream import (
+    TrainedRowLog,
+    epoch_batches,
+    load_epoch_rows,
+    save_epoch_rows,
+)
 from distributed_emb.losses.objective import ObjectiveWeights
 from distributed_emb.model.encoder import SentenceEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
@@ -129,6 +134,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if group > 1:
         collate = LengthGroupedCollator(collate, config.train.batch_size, config.train.seed + rank)
     epoch_rows: list[np.ndarray] = [trained_before]  # this epoch's trained row ids, all ranks
+    row_log = TrainedRowLog(config.output.dir, rank) if config.output.row_log else None
     shard = ray.train.get_dataset_shard("train")
     progress = ProgressLog.for_worker(config, total_steps, world, rank, start_step=state.step)
 
@@ -186,6 +192,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             metrics = step_fn(engine, batch, weights, sync=micro == accumulation - 1)
             state.batches_in_epoch += 1
             epoch_rows.append(batch["row_ids"].cpu().numpy())
+            if row_log is not None:
+                row_log.write(state, epoch_rows[-1])
             truncated_since_report += batch["num_truncated"]
             real_tokens = real_tokens + batch["num_real_tokens"]
             if micro != accumulation - 1:

@@ -16,7 +16,11 @@ from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.data.sharding import RowShardedDataConfig
+from distributed_emb.model.model_card import finalize_export
+from distributed_emb.storage import copy_to_storage, run_uri
+from distributed_emb.tracking import write_run_plots
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
+from distributed_emb.train.run_identity import prepare_run, resolve_run_name
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ def build_trainer(
             resources_per_worker=worker_resources(config),
         ),
         run_config=RunConfig(
-            name=run_name or config.output.run_name or f"train-{int(time.time())}",
+            name=run_name or resolve_run_name(config),
             storage_path=storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=config.output.checkpoints_to_keep,
@@ -85,12 +89,16 @@ def worker_resources(config: TrainingConfig) -> dict[str, float]:
 
 
 def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: str) -> str:
-    """Rebuild the encoder, load a checkpoint's weights, write a sentence-transformers dir."""
+    """Rebuild the encoder, load a checkpoint's weights, write a sentence-transformers dir
+    with a model card (the evaluations so far come from the checkpoint's loop state;
+    model_card.finalize_export adds the run's final metrics)."""
     import transformers
     from transformers import AutoTokenizer
 
     from distributed_emb.model.export import export_sentence_transformer
+    from distributed_emb.model.model_card import card_info, export_max_seq_length
     from distributed_emb.model.sentence_transformer import ends_with_normalize
+    from distributed_emb.train.checkpointing import STATE_FILE, LoopState
     from distributed_emb.train.engine import load_encoder_weights
 
     transformers.logging.set_verbosity_error()
@@ -99,29 +107,49 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     tokenizer = AutoTokenizer.from_pretrained(
         config.model_path, trust_remote_code=config.model.trust_remote_code
     )
+    # The base model's length, not the training one (model.max_seq_length: a speed choice).
+    max_seq_length = export_max_seq_length(
+        config.model_path, tokenizer, encoder.backbone.config, config.export.max_seq_length
+    )
+    if max_seq_length is None:
+        max_seq_length = config.model.max_seq_length
+        log.warning(
+            "%s states no maximum length; the export keeps the training length %d "
+            "(set export.max_seq_length to choose)",
+            config.model_path,
+            max_seq_length,
+        )
+    state_file = Path(checkpoint_dir) / STATE_FILE
+    history = LoopState.from_json(state_file.read_text()).history if state_file.is_file() else []
     return export_sentence_transformer(
         encoder,
         tokenizer,
         output_dir,
-        config.model.max_seq_length,
+        max_seq_length,
         include_mlp=config.model.mlp_head == "export",
         # A model that started with unit-length embeddings keeps them (cosine scores are the
         # same either way; dot-product users of e.g. all-MiniLM-L6-v2 rely on it).
         normalize=ends_with_normalize(config.model_path),
+        card=card_info(config, history=history, max_seq_length=max_seq_length),
     )
 
 
 def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> TrainingResult:
     """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json."""
     started = time.time()
+    # Absolute: Train workers write their logs there, whatever their working directory.
+    config.output.dir = str(Path(config.output.dir).resolve())
     output = Path(config.output.dir)
+    # Before any data or Ray work: an earlier run under this name is continued only when it
+    # is this run (same settings) or the user said so (output.resume).
+    run_name = prepare_run(config)
     output.mkdir(parents=True, exist_ok=True)
     counter = None
     if dataset is None:
         counter = start_drop_counter()
         dataset = training_dataset(config.data, counter)
     num_rows = count_rows(config, dataset)
-    trainer = build_trainer(config, dataset, num_rows)
+    trainer = build_trainer(config, dataset, num_rows, run_name)
     result = trainer.fit()
     if result.error is not None:
         raise result.error
@@ -159,8 +187,20 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     }
     if model_dir is not None and config.eval.test_after_training:
         metrics["stsb_test"] = _stsb_test(config, model_dir)
+    if model_dir is not None:
+        # The card gets the run's final numbers (corpus size, STS-B test); pushes if asked.
+        finalize_export(model_dir, config, metrics)
+    write_run_plots(output, history, output / "train_log.jsonl")
+    if config.output.storage_path:
+        # The model and metrics live beside the checkpoints, not only on this node's disk.
+        remote = run_uri(config.output.storage_path, run_name)
+        if model_dir is not None:
+            metrics["model_uri"] = copy_to_storage(model_dir, f"{remote}/model")
+        metrics["metrics_uri"] = f"{remote}/metrics.json"
     # Atomic: a run killed here leaves the previous metrics.json, never a truncated one.
     write_text_atomic(output / "metrics.json", json.dumps(metrics, indent=2, default=str))
+    if config.output.storage_path:
+        copy_to_storage(output / "metrics.json", metrics["metrics_uri"])
     return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
 
 

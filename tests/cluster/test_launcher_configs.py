@@ -311,3 +311,440 @@ def test_node_type_rules_are_enforced(shipped):
     identity = "IamInstanceProfile" if provider == "aws" else "serviceAccounts"
     del anonymous["available_node_types"][first]["node_config"][identity]
     assert any("cannot write checkpoints" in p for p in _problems(anonymous))
+
+
+# --- mutation tests: one change to a shipped file, one named failure ------------------------
+#
+# Each case starts from the shipped aws.yaml / gcp.yaml, changes one thing and expects a
+# problem line that names the rule or command. Before issue 15 the checker printed "ok" for
+# most of them, crashed on the unterminated quote, and caught the rest (the second `ray start`
+# cases, a public dashboard) only under another name or not per command.
+
+
+def _permission(protocol, low, high, v4=(), v6=(), prefix_lists=()):
+    rule = {"IpProtocol": protocol, "FromPort": low, "ToPort": high}
+    if v4:
+        rule["IpRanges"] = [{"CidrIp": cidr} for cidr in v4]
+    if v6:
+        rule["Ipv6Ranges"] = [{"CidrIpv6": cidr} for cidr in v6]
+    if prefix_lists:
+        rule["PrefixListIds"] = [{"PrefixListId": p} for p in prefix_lists]
+    return rule
+
+
+def _add_permission(rule):
+    def mutate(config):
+        config["provider"]["security_group"]["IpPermissions"].append(rule)
+
+    return mutate
+
+
+def _set_node_config(node_type, key, value):
+    def mutate(config):
+        config["available_node_types"][node_type]["node_config"][key] = value
+
+    return mutate
+
+
+def _append_command(key, command):
+    def mutate(config):
+        config[key].append(command)
+
+    return mutate
+
+
+def _edit_command(key, index, old, new):
+    def mutate(config):
+        assert old in config[key][index], (key, index, old)
+        config[key][index] = config[key][index].replace(old, new)
+
+    return mutate
+
+
+def _set_command(key, index, command):
+    def mutate(config):
+        config[key][index] = command
+
+    return mutate
+
+
+def _node_type_command(node_type, key, command):
+    def mutate(config):
+        config["available_node_types"][node_type][key] = [command]
+
+    return mutate
+
+
+TOKEN_EXPORT = "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token"
+HEAD_START = "ray start --head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265"
+WORKER_START = "ray start --address=$RAY_HEAD_IP:6379"
+NO_TOKEN = "`ray start` runs without RAY_AUTH_MODE=token"
+
+MUTATIONS = {
+    # AWS security group: CIDRs compared as networks, IPv4 and IPv6
+    "aws-dashboard-to-two-halves-of-ipv4": (
+        "aws",
+        _add_permission(_permission("tcp", 8265, 8265, v4=["0.0.0.0/1", "128.0.0.0/1"])),
+        "provider.security_group.IpPermissions[0]: tcp:8265 open to "
+        "['0.0.0.0/1', '128.0.0.0/1'] (public address space)",
+    ),
+    "aws-gcs-to-upper-half-of-ipv4": (
+        "aws",
+        _add_permission(_permission("tcp", 6379, 6379, v4=["128.0.0.0/1"])),
+        "IpPermissions[0]: tcp:6379 open to ['128.0.0.0/1'] (public address space), "
+        "reaching Ray's GCS (6379)",
+    ),
+    "aws-client-to-ipv6-world": (
+        "aws",
+        _add_permission(_permission("tcp", 10001, 10001, v6=["::/0"])),
+        "IpPermissions[0]: tcp:10001 open to ['::/0']",
+    ),
+    "aws-worker-ports-to-ipv6-global-unicast": (
+        "aws",
+        _add_permission(_permission("tcp", 10002, 19999, v6=["2000::/3"])),
+        "IpPermissions[0]: tcp:10002-19999 open to ['2000::/3']",
+    ),
+    "aws-dashboard-to-one-address": (
+        # 203.0.113.0/24 is a documentation range: ipaddress calls it private, it is not ours
+        "aws",
+        _add_permission(_permission("tcp", 8265, 8265, v4=["203.0.113.7/32"])),
+        "IpPermissions[0]: tcp:8265 open to ['203.0.113.7/32']",
+    ),
+    "aws-all-traffic-next-to-a-private-range": (
+        "aws",
+        _add_permission(_permission("-1", -1, -1, v4=["10.0.0.0/8", "0.0.0.0/1"])),
+        "IpPermissions[0]: all traffic open to ['0.0.0.0/1']",
+    ),
+    "aws-dashboard-to-a-prefix-list": (
+        "aws",
+        _add_permission(_permission("tcp", 8265, 8265, prefix_lists=["pl-0123"])),
+        "IpPermissions[0]: tcp:8265 open to prefix list(s) ['pl-0123']",
+    ),
+    # AWS: groups Ray does not create
+    "aws-groups-through-network-interfaces": (
+        "aws",
+        _set_node_config(
+            "gpu_1x_l4",
+            "NetworkInterfaces",
+            [{"DeviceIndex": 0, "SubnetId": "subnet-1", "Groups": ["sg-0abc"]}],
+        ),
+        "available_node_types.gpu_1x_l4: NetworkInterfaces[].Groups set (sg-0abc); "
+        "its rules cannot be checked here",
+    ),
+    "aws-network-interface-without-groups": (
+        "aws",
+        _set_node_config("head_cpu", "NetworkInterfaces", [{"DeviceIndex": 0, "SubnetId": "s"}]),
+        "available_node_types.head_cpu: `ray up` would refuse NetworkInterfaces",
+    ),
+    "aws-launch-template": (
+        "aws",
+        _set_node_config("gpu_1x_a10g", "LaunchTemplate", {"LaunchTemplateName": "lt"}),
+        "available_node_types.gpu_1x_a10g: LaunchTemplate set",
+    ),
+    # ingress added by the config's own commands
+    "aws-cli-ingress-in-setup-commands": (
+        "aws",
+        _append_command(
+            "setup_commands",
+            "aws ec2 authorize-security-group-ingress --group-name distributed-emb-ray "
+            "--protocol tcp --port 8265 --cidr 0.0.0.0/1",
+        ),
+        "setup_commands[6] ingress rule 0: tcp:8265 open to ['0.0.0.0/1']",
+    ),
+    "aws-cli-ipv6-ingress-as-json": (
+        "aws",
+        _append_command(
+            "head_setup_commands",
+            "aws ec2 authorize-security-group-ingress --group-id sg-1 --ip-permissions "
+            """'[{"IpProtocol": "tcp", "FromPort": 6379, "ToPort": 6379, """
+            """"Ipv6Ranges": [{"CidrIpv6": "::/0"}]}]'""",
+        ),
+        "head_setup_commands[3] ingress rule 0: tcp:6379 open to ['::/0']",
+    ),
+    "gcloud-rule-in-head-setup-commands": (
+        "gcp",
+        _append_command(
+            "head_setup_commands",
+            "gcloud compute firewall-rules create dash --network=distributed-emb "
+            "--allow=tcp:8265 --source-ranges=0.0.0.0/0",
+        ),
+        "firewall rule dash (head_setup_commands[3]): tcp:8265 open to ['0.0.0.0/0']",
+    ),
+    "gcloud-port-range-backslash-continued": (
+        "gcp",
+        _append_command(
+            "setup_commands",
+            "gcloud compute firewall-rules create ray-range \\\n"
+            "    --network=distributed-emb \\\n"
+            "    --allow=tcp:8000-9000 \\\n"
+            "    --source-ranges=0.0.0.0/0\n",
+        ),
+        "firewall rule ray-range (setup_commands[6]): tcp:8000-9000 open to ['0.0.0.0/0'] "
+        "(public address space), reaching Ray's object manager (8076), dashboard / job API "
+        "(8265); only tcp:22 may be",
+    ),
+    "gcloud-under-sudo-in-worker-setup-ipv6": (
+        "gcp",
+        _append_command(
+            "worker_setup_commands",
+            "sudo gcloud beta compute firewall-rules create client --allow tcp:10001 "
+            "--source-ranges ::/1",
+        ),
+        "firewall rule client (worker_setup_commands[3]): tcp:10001 open to ['::/1']",
+    ),
+    "gcloud-update-widens-the-ssh-rule": (
+        "gcp",
+        _append_command(
+            "head_setup_commands",
+            "gcloud compute firewall-rules update distributed-emb-ssh --allow=tcp:22,tcp:8265",
+        ),
+        "firewall rule distributed-emb-ssh (head_setup_commands[3]): tcp:22,tcp:8265 open to "
+        "['0.0.0.0/0']",
+    ),
+    "gcloud-rule-in-a-node-type-command-list": (
+        "gcp",
+        _node_type_command(
+            "gpu_1x_l4",
+            "worker_setup_commands",
+            "bash -c 'gcloud compute firewall-rules create w --allow=all'",
+        ),
+        "firewall rule w (available_node_types.gpu_1x_l4.worker_setup_commands[0]): "
+        "all traffic open to ['0.0.0.0/0']",
+    ),
+    "gcloud-rule-hidden-in-command-substitution": (
+        "gcp",
+        _append_command(
+            "setup_commands",
+            "echo $(gcloud compute firewall-rules create x --allow=tcp:8265)",
+        ),
+        "setup_commands[6]: changes firewall / security-group rules in a form the checker "
+        "cannot follow",
+    ),
+    "gcloud-rule-in-an-aws-config": (
+        "aws",
+        _append_command(
+            "head_setup_commands",
+            "gcloud compute firewall-rules create dash --allow=tcp:8265",
+        ),
+        "firewall rule dash (head_setup_commands[3]): tcp:8265 open to ['0.0.0.0/0']",
+    ),
+    # every `ray start`, each with its own environment
+    "second-ray-start-in-its-own-list-entry": (
+        "aws",
+        _append_command("worker_start_ray_commands", WORKER_START),
+        f"worker_start_ray_commands[2]: {NO_TOKEN}",
+    ),
+    "second-ray-start-after-an-env-prefix-one": (
+        "gcp",
+        _set_command(
+            "worker_start_ray_commands",
+            1,
+            f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/.ray/auth_token {WORKER_START} "
+            f"&& {WORKER_START} --port=6380",
+        ),
+        f"worker_start_ray_commands[1] (`ray start` #2 of 2): {NO_TOKEN}",
+    ),
+    "second-ray-start-under-sudo": (
+        # sudo resets the environment: the exported token settings do not reach ray
+        "aws",
+        _append_command("worker_start_ray_commands", f"{TOKEN_EXPORT}; sudo {WORKER_START}"),
+        f"worker_start_ray_commands[2]: {NO_TOKEN}",
+    ),
+    "second-ray-start-under-env-unset-and-nohup": (
+        "gcp",
+        _append_command(
+            "head_start_ray_commands",
+            f"{TOKEN_EXPORT}; nohup env -u RAY_AUTH_MODE {HEAD_START} --port=6380",
+        ),
+        f"head_start_ray_commands[2]: {NO_TOKEN}",
+    ),
+    "ray-start-in-a-subshell-that-unsets-the-mode": (
+        "aws",
+        _edit_command(
+            "worker_start_ray_commands",
+            1,
+            "--disable-usage-stats",
+            f"--disable-usage-stats; (unset RAY_AUTH_MODE; {WORKER_START} --port=6380)",
+        ),
+        f"worker_start_ray_commands[1] (`ray start` #2 of 2): {NO_TOKEN}",
+    ),
+    "exported-mode-reassigned-before-ray-start": (
+        "aws",
+        _edit_command("head_start_ray_commands", 1, "ulimit", "RAY_AUTH_MODE=disabled; ulimit"),
+        f"head_start_ray_commands[1]: {NO_TOKEN}",
+    ),
+    "exported-mode-unexported-before-ray-start": (
+        "gcp",
+        _edit_command("head_start_ray_commands", 1, "ulimit", "export -n RAY_AUTH_MODE; ulimit"),
+        f"head_start_ray_commands[1]: {NO_TOKEN}",
+    ),
+    "ray-start-after-a-hash-inside-a-word": (
+        # shlex took `#` inside a word for a comment and hid everything after it
+        "aws",
+        _append_command(
+            "worker_start_ray_commands",
+            f"{TOKEN_EXPORT}; echo a#b; unset RAY_AUTH_MODE; {WORKER_START}",
+        ),
+        f"worker_start_ray_commands[2]: {NO_TOKEN}",
+    ),
+    "ray-start-in-bash-c-with-a-cleared-environment": (
+        "gcp",
+        _append_command("worker_start_ray_commands", f"env -i bash -c '{WORKER_START}'"),
+        f"worker_start_ray_commands[2]: {NO_TOKEN}",
+    ),
+    "ray-start-in-head-setup-commands": (
+        "aws",
+        _append_command("head_setup_commands", HEAD_START),
+        f"head_setup_commands[3]: {NO_TOKEN}",
+    ),
+    "ray-start-in-command-substitution": (
+        "gcp",
+        _append_command("head_start_ray_commands", f"{TOKEN_EXPORT}; echo $({HEAD_START})"),
+        "head_start_ray_commands[2]: mentions `ray start` where its environment cannot be followed",
+    ),
+    "second-head-ray-start-on-a-public-dashboard": (
+        "aws",
+        _edit_command(
+            "head_start_ray_commands",
+            1,
+            "--disable-usage-stats",
+            "--disable-usage-stats && ray start --head --port=6380 --dashboard-host=0.0.0.0",
+        ),
+        "head_start_ray_commands[1] (`ray start` #2 of 2): dashboard bound to 0.0.0.0",
+    ),
+    "public-dashboard-on-a-backslash-continued-line": (
+        "gcp",
+        _set_command(
+            "head_start_ray_commands",
+            1,
+            f"{TOKEN_EXPORT}\nray start --head --port=6379 \\\n  --dashboard-host=0.0.0.0\n",
+        ),
+        "head_start_ray_commands[1]: dashboard bound to 0.0.0.0, not loopback",
+    ),
+    "unterminated-quote": (
+        "aws",
+        _edit_command("worker_start_ray_commands", 1, "ulimit -n 65536", "echo 'ulimit -n 65536"),
+        "worker_start_ray_commands[1]: sh could not parse this command (unterminated ' quote)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MUTATIONS))
+def test_a_single_mutation_of_a_shipped_config_is_named(case):
+    name, mutate, expected = MUTATIONS[case]
+    config = checker.load_launcher_config(CONFIGS[name])
+    assert _problems(config) == []  # the starting point passes
+    mutate(config)
+    problems = _problems(config)
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("extra_line", "expected"),
+    [
+        (
+            RULE.format("halves") + "--allow=tcp:8265 --source-ranges=0.0.0.0/1,128.0.0.0/1",
+            "firewall rule halves (gcp_network.sh line 24): tcp:8265 open to "
+            "['0.0.0.0/1', '128.0.0.0/1']",
+        ),
+        (
+            "gcloud compute firewall-rules create ranged \\\n  --network=distributed-emb \\\n"
+            "  --allow=tcp:8000-9000 --source-ranges=::/0",
+            "firewall rule ranged (gcp_network.sh line 24): tcp:8000-9000 open to ['::/0']",
+        ),
+        (
+            "gcloud compute firewall-rules update distributed-emb-internal "
+            "--source-ranges=0.0.0.0/0",
+            "firewall rule distributed-emb-internal (gcp_network.sh line 24): tcp,udp,icmp open "
+            "to ['0.0.0.0/0']",
+        ),
+    ],
+)
+def test_gcp_network_script_rules_are_read_as_networks_across_lines(extra_line, expected):
+    config = checker.load_launcher_config(CONFIGS["gcp"])
+    problems = _problems(config, NETWORK_SCRIPT + extra_line + "\n")
+    assert any(expected in p for p in problems), problems
+
+
+def _literal_block(command: str) -> str:
+    """The shipped one-line start command as a YAML `|` block: one option per line."""
+    return command.replace("; ", ";\n").replace(" --", " \\\n    --") + "\n"
+
+
+@pytest.mark.parametrize("trailing_backslash", [False, True])
+def test_backslash_continued_start_commands_are_joined_before_parsing(shipped, trailing_backslash):
+    # The shlex-based checker lost every option after the first continuation ("no
+    # --dashboard-host") and crashed on a trailing backslash ("No escaped character").
+    multiline = copy.deepcopy(shipped)
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        command = _literal_block(multiline[key][1])
+        multiline[key][1] = command.rstrip("\n") + " \\\n" if trailing_backslash else command
+    assert "\\\n" in multiline["head_start_ray_commands"][1]
+    [(env, args)] = checker.ray_start_invocations(multiline["head_start_ray_commands"][1])
+    assert "--dashboard-host=127.0.0.1" in args and env["RAY_AUTH_MODE"] == "token"
+    assert _problems(multiline) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        f"{TOKEN_EXPORT}; sudo -E {HEAD_START}",
+        f"env RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token {HEAD_START}",
+        f"{TOKEN_EXPORT}; nohup bash -c '{HEAD_START}' > ray.log 2>&1",
+        f"{TOKEN_EXPORT}; ( {HEAD_START} ) && ~/venv/bin/ray status",
+        f"{TOKEN_EXPORT}\n# ray start lives below\n{HEAD_START}",
+    ],
+)
+def test_wrapped_ray_starts_that_keep_the_token_pass(command):
+    config = checker.load_launcher_config(CONFIGS["aws"])
+    config["head_start_ray_commands"][1] = command
+    assert _problems(config) == []
+
+
+@pytest.mark.parametrize(
+    ("sources", "public"),
+    [
+        (["10.0.0.0/8", "172.16.0.0/12", "192.168.1.0/24", "100.64.0.0/10"], []),
+        (["127.0.0.1/32", "169.254.169.254/32", "fd00::/8", "fe80::/10", "::1/128"], []),
+        (["0.0.0.0/0", "0.0.0.0/1", "128.0.0.0/1", "10.0.0.0/7"], None),
+        (["::/0", "::/1", "2000::/3", "0::/0", "::ffff:0:0/96"], None),
+        (["203.0.113.0/24", "198.51.100.7/32", "$SOMEWHERE", "not-a-cidr"], None),
+    ],
+)
+def test_only_ranges_wholly_inside_internal_space_are_private(sources, public):
+    assert checker.public_sources(sources) == (sorted(sources) if public is None else public)
+
+
+def test_private_sources_on_ray_ports_pass_on_both_clouds():
+    aws = checker.load_launcher_config(CONFIGS["aws"])
+    aws["provider"]["security_group"]["IpPermissions"] = [
+        _permission("tcp", 8265, 8265, v4=["10.0.0.0/8", "100.64.0.0/10"], v6=["fd00::/8"]),
+        _permission("tcp", 22, 22, v4=["0.0.0.0/1", "128.0.0.0/1"], v6=["::/0"]),
+    ]
+    aws["setup_commands"].append(
+        "aws ec2 authorize-security-group-ingress --group-name distributed-emb-ray "
+        "--protocol tcp --port 6379 --cidr 172.16.0.0/12"
+    )
+    assert _problems(aws) == []
+    gcp = checker.load_launcher_config(CONFIGS["gcp"])
+    gcp["head_setup_commands"].append(
+        "gcloud compute firewall-rules create internal-dash --network=distributed-emb \\\n"
+        "  --allow=tcp:8265 --source-ranges=10.20.0.0/20"
+    )
+    assert _problems(gcp) == []
+
+
+def test_the_command_line_prints_one_line_per_problem(tmp_path, capsys):
+    broken = checker.load_launcher_config(CONFIGS["aws"])
+    _add_permission(_permission("tcp", 8265, 8265, v4=["0.0.0.0/1", "128.0.0.0/1"]))(broken)
+    _append_command("worker_start_ray_commands", WORKER_START)(broken)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    assert checker.main([str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"{path}: worker_start_ray_commands[2]: {NO_TOKEN}",
+        f"{path}: provider.security_group.IpPermissions[0]: tcp:8265 open to "
+        "['0.0.0.0/1', '128.0.0.0/1'] (public address space), reaching Ray's dashboard / job "
+        "API (8265); only tcp:22 may be",
+    ]

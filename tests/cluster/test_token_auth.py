@@ -9,8 +9,11 @@ token both work.
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +21,15 @@ import time
 
 import pytest
 import requests
-from ray_head import RAY_CLI, listening_addresses, local_ray_head
+from ray_head import (
+    RAY_CLI,
+    _base_env,
+    _descendants,
+    _still_running,
+    free_ports,
+    listening_addresses,
+    local_ray_head,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -120,3 +131,105 @@ def test_without_the_token_nothing_gets_in_and_with_it_everything_works(token_he
     assert "joined" not in gcs_output
     assert gcs_with_token.returncode == 0, joined_output[-2000:]
     assert "joined 1" in joined_output
+
+
+# --- a local run: cli.start_ray as jobs/train_informin.py calls it ----------------------------
+
+# Runs cli.start_ray (with the State API, so the dashboard/job HTTP server starts too) in a
+# fresh HOME and umask 022, prints what it opened, and keeps Ray up until stdin closes.
+LOCAL_START = """
+import json, os, sys
+import psutil, ray
+from distributed_emb.cli import start_ray
+from distributed_emb.config import TrainingConfig, load_config
+
+os.umask(0o022)
+real_init = ray.init
+ray.init = lambda **kwargs: real_init(dashboard_port=int(sys.argv[1]), **kwargs)
+start_ray(
+    load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]),
+    state_api=True,
+)
+ours = {p.pid: p.name() for p in psutil.Process().children(recursive=True)}
+ours[os.getpid()] = "driver"
+token_file = os.path.expanduser("~/.ray/auth_token")
+print(json.dumps({
+    "auth_mode": os.environ.get("RAY_AUTH_MODE"),
+    "token_file_mode": os.stat(token_file).st_mode & 0o777,
+    "token": open(token_file).read().strip(),
+    "gcs_address": ray.get_runtime_context().gcs_address,
+    "listening": [
+        [c.laddr.ip, c.laddr.port, ours[c.pid]]
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.pid in ours
+    ],
+}), flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+def _wait_for_rejection(process: subprocess.Popen, timeout_s: float = 120) -> str:
+    """Output of a GCS client without the token until Ray reports the rejection (it retries
+    rather than exit), then stop it."""
+    collected: list[str] = []
+    reader = threading.Thread(target=lambda: collected.extend(process.stdout))
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not any(REJECTED in line for line in collected) and time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            time.sleep(1)
+    finally:
+        process.kill()
+        reader.join(timeout=30)
+    return "".join(collected)
+
+
+def test_a_local_run_demands_the_token_and_keeps_http_on_loopback(tmp_path):
+    home, stranger_home = tmp_path / "home", tmp_path / "stranger"
+    home.mkdir()
+    stranger_home.mkdir()
+    env = {**_base_env(), "HOME": str(home)}
+    (dashboard_port,) = free_ports(1)
+    local = subprocess.Popen(
+        [sys.executable, "-c", LOCAL_START, str(dashboard_port)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        opened = json.loads(local.stdout.readline() or "{}")
+        assert opened, "cli.start_ray did not start a local Ray"
+        stranger = {**_base_env(), "HOME": str(stranger_home)}
+        job_api = f"http://127.0.0.1:{dashboard_port}/api/jobs/"
+        anonymous_jobs = requests.get(job_api, timeout=30)
+        token_jobs = requests.get(
+            job_api, headers={"Authorization": f"Bearer {opened['token']}"}, timeout=30
+        )
+        gcs_output = _wait_for_rejection(
+            _join_gcs(type("Head", (), {"gcs_address": opened["gcs_address"]}), stranger)
+        )
+    finally:
+        tree = _descendants(local.pid)
+        local.communicate(input="", timeout=120)
+        for pid in _still_running(tree):
+            os.kill(pid, signal.SIGKILL)
+
+    # Token auth because our start asked for it (not Ray's default), and a token file only
+    # its owner can read (Ray itself writes it with the umask: 0644 here).
+    assert opened["auth_mode"] == "token"
+    assert opened["token_file_mode"] == 0o600, oct(opened["token_file_mode"])
+    # The dashboard / job HTTP API: loopback only, and the token even there.
+    dashboard = {ip for ip, port, _ in opened["listening"] if port == dashboard_port}
+    assert dashboard == {"127.0.0.1"}, opened["listening"]
+    assert anonymous_jobs.status_code == 401
+    assert token_jobs.status_code == 200
+    # The GCS port listens on every interface (Ray 2.60): a client without the token is refused.
+    gcs_port = int(opened["gcs_address"].rsplit(":", 1)[1])
+    assert {ip for ip, port, _ in opened["listening"] if port == gcs_port} & {"::", "0.0.0.0"}
+    assert REJECTED in gcs_output, gcs_output[-2000:]
+    assert "joined" not in gcs_output

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from distributed_emb.data.sources import CorpusError
 from distributed_emb.data.documents import (
     DROP_REASONS,
     DocumentsConfig,
-    detect_format,
     read_documents,
     read_documents_locally,
     split_sentences,
@@ -39,6 +39,7 @@ JSONL_CASES: list[tuple[bytes, str | None]] = [
     (b'{"id": "u", "text": "caf\xe9 au lait. Bon."}', "invalid_utf8"),
     (b'{"id": "j", "sentences": ["A.", "  ", "B."]}', None),
     (b'{"id": "k", "sentences": ["A.", "   "]}', "too_few_sentences"),
+    (b'{"id": "l", "text": "' + b"Long. " * 100 + b'"}', "too_long"),  # max_chars=500
 ]
 
 EXPECTED_KEPT = {
@@ -95,7 +96,7 @@ def test_split_sentences_rule():
 
 
 def test_local_reader_counts_every_bad_row(bad_jsonl):
-    documents, report = read_documents_locally(DocumentsConfig(paths=[str(bad_jsonl)]), log=False)
+    documents, report = read_documents_locally(DocumentsConfig(paths=[str(bad_jsonl)], max_chars=500), log=False)
     assert {d["doc_id"]: d["sentences"] for d in documents} == EXPECTED_KEPT
     assert report.dropped == expected_drops()
     assert report.rows == len(JSONL_CASES) and report.kept == len(EXPECTED_KEPT)
@@ -110,7 +111,7 @@ def test_local_reader_counts_every_bad_row(bad_jsonl):
 
 @pytest.mark.ray
 def test_ray_reader_matches_local_and_counts(ray_local, bad_jsonl, caplog):
-    config = DocumentsConfig(paths=[str(bad_jsonl)])
+    config = DocumentsConfig(paths=[str(bad_jsonl)], max_chars=500)
     with caplog.at_level("WARNING", logger="distributed_emb.data.documents"):
         corpus = read_documents(config)
     rows = corpus.dataset.take_all()
@@ -138,8 +139,6 @@ def test_parquet_and_hf_with_custom_columns(ray_local, tmp_path):
     pq.write_table(table.slice(3), tmp_path / "pq" / "part-1.parquet")
     hf_dir = tmp_path / "hf"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(records)}).save_to_disk(hf_dir)
-    assert detect_format(str(tmp_path / "pq")) == "parquet"
-    assert detect_format(str(hf_dir)) == "hf_disk"
 
     expected_kept = {"p1": ["A.", "B."], "p2": ["One here.", "Two here."]}
     expected_dropped = {"missing_id": 1, "too_few_sentences": 1, "empty_text": 1}
@@ -174,11 +173,16 @@ def test_shipped_corpora_read_whole(ray_local, shared_data_dir):
 
 
 def test_bad_sources_raise(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        detect_format(str(tmp_path / "missing.jsonl"))
+    def read(path):
+        return read_documents_locally(DocumentsConfig(paths=[str(path)]), log=False)
+
+    with pytest.raises(CorpusError, match="missing.jsonl: does not exist"):
+        read(tmp_path / "missing.jsonl")
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match="suffix"):
-        detect_format(str(tmp_path / "notes.txt"))
-    assert detect_format("wikimedia/wikipedia") == "hf_hub"
+    with pytest.raises(CorpusError, match="notes.txt: plain text holds one text a line"):
+        read(tmp_path / "notes.txt")
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(CorpusError, match="notes.md"):
+        read(tmp_path / "notes.md")
     with pytest.raises(ValueError, match="min_sentences"):
         DocumentsConfig(min_sentences=0).validate()

@@ -56,3 +56,61 @@ def test_evaluate_job_with_ray_writes_table_and_json(tiny_bert_path, ray_local, 
     assert saved["sts"]["STSBenchmark"]["n"] == 1379
     assert -100 <= saved["sts"]["STSBenchmark"]["spearman"] <= 100
     assert saved["wall_time_s"]["sts"]["encode_s"] > 0
+
+
+def _stsb_only(root: Path) -> Path:
+    """A SentEval-shaped tree root/data/downstream holding STS-B test only (the shipped copy)."""
+    from distributed_emb.paths import shipped_senteval_dir
+
+    downstream = root / "data" / "downstream"
+    target = downstream / "STS" / "STSBenchmark"
+    target.mkdir(parents=True)
+    source = Path(shipped_senteval_dir()) / "STS" / "STSBenchmark" / "sts-test.csv"
+    (target / "sts-test.csv").write_bytes(source.read_bytes())
+    return downstream
+
+
+@pytest.mark.parametrize("level", ["downstream", "data", "checkout"])
+def test_senteval_data_finds_downstream_under_data_or_a_checkout(tmp_path, level):
+    downstream = _stsb_only(tmp_path)
+    given = {"downstream": downstream, "data": downstream.parent, "checkout": tmp_path}[level]
+    config = load_job().parse_args(["--senteval-data", str(given), "--tasks", "STSBenchmark"])
+    assert Path(config.senteval_dir) == downstream
+
+
+def test_no_data_for_any_requested_task_exits_2_naming_the_layout(tmp_path, capsys):
+    downstream = _stsb_only(tmp_path)
+    output = tmp_path / "results.json"
+    with pytest.raises(SystemExit) as exit_info:
+        load_job().main(
+            ["--senteval-data", str(downstream.parent), "--tasks", "transfer", "--no-ray",
+             "--output", str(output)]
+        )  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "senteval_dir: no data for any requested task (MR, CR, SUBJ" in err
+    assert "data/downstream directory (or its parent data/)" in err
+    assert "STS/STSBenchmark/sts-test.csv" in err
+    assert not output.exists()  # refused before any work: no empty results file
+
+
+def test_some_requested_tasks_present_is_not_an_error(tmp_path):
+    downstream = _stsb_only(tmp_path)
+    config = load_job().parse_args(["--senteval-data", str(downstream), "--tasks", "sts"])
+    assert config.senteval_dir == str(downstream)  # STS12–16 and SICK are skipped later
+
+
+def test_evaluate_job_without_ray_reads_senteval_data_given_as_data_dir(
+    tiny_bert_path, tmp_path, capsys
+):
+    downstream = _stsb_only(tmp_path / "SentEval")
+    output = tmp_path / "results.json"
+    code = load_job().main(
+        [tiny_bert_path, "--senteval-data", str(downstream.parent), "--tasks", "STSBenchmark",
+         "--pooler", "mean", "--max-seq-len", "32", "--no-ray", "--output", str(output)]
+    )  # fmt: skip
+    assert code == 0
+    saved = json.loads(output.read_text())
+    assert Path(saved["senteval_dir"]) == downstream
+    assert saved["sts"]["STSBenchmark"]["n"] == 1379
+    assert saved["skipped"] == []

@@ -62,7 +62,7 @@ def test_a_label_column_splits_texts_and_skips_bad_rows(tmp_path):
     data = load_training_sentences(SentencesConfig(paths=[path], id_column="label"))
     assert data.texts == ["Good film.", "Great cast.", "Loved it.", "Bad plot."]
     assert data.cluster_ids.tolist() == [0, 0, 0, 1]
-    assert "skipped 1" in data.summary  # the row without a label, counted
+    assert "dropped: missing_id=1" in data.summary  # the row without a label, counted
 
 
 def test_sts_pairs_keep_scores_at_or_above_the_threshold():

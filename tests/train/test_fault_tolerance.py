@@ -1,5 +1,7 @@
-"""SIGKILL a Ray Train worker process mid-run: the run restarts from its last checkpoint and
-finishes the planned number of steps (FailureConfig(max_failures=1))."""
+"""SIGKILL a Ray Train worker process mid-run: the run restarts from its last checkpoint,
+finishes the planned number of steps (FailureConfig(max_failures=1)), and within the epoch
+trains no row twice and skips none, apart from the steps rolled back to the checkpoint (the
+row ids every rank actually trained on are recorded with output.row_log)."""
 
 import json
 import signal
@@ -14,17 +16,42 @@ from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.paths import shipped_corpus
 
 
-def _kill_a_worker_after_checkpoints(storage: Path, count: int, timeline: list, stop):
-    """Wait until `count` checkpoints exist, then SIGKILL one RayTrainWorker process."""
+def _our_train_workers() -> list[psutil.Process]:
+    """RayTrainWorker processes of this test's Ray instance only (descendants of its raylet),
+    never those of other Ray work on the machine."""
+    import ray
+
+    raylet_pids = {
+        info.process.pid
+        for info in ray._private.worker._global_node.all_processes.get("raylet", [])
+    }
+    workers = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "RayTrainWorker" not in " ".join(process.info["cmdline"] or []):
+            continue
+        try:
+            if any(parent.pid in raylet_pids for parent in process.parents()):
+                workers.append(process)
+        except psutil.NoSuchProcess:
+            continue
+    return workers
+
+
+def _kill_a_worker_after_step(row_logs: Path, step: int, timeline: list, stop):
+    """Wait until a rank has trained past `step` (its row log says so: checkpoints before it
+    are registered by then), then SIGKILL one of this test's RayTrainWorker processes."""
     while not stop.is_set():
-        checkpoints = list(storage.glob("*/checkpoint_*"))
-        if len(checkpoints) >= count:
-            for process in psutil.process_iter(["cmdline"]):
-                cmdline = " ".join(process.info["cmdline"] or [])
-                if "RayTrainWorker" in cmdline:
-                    process.send_signal(signal.SIGKILL)
-                    timeline.append((time.time(), f"SIGKILL worker pid {process.pid}"))
-                    return
+        logged = [
+            json.loads(line)["step"]
+            for path in row_logs.glob("rank*.jsonl")
+            for line in path.read_text().splitlines()
+            if line.strip()
+        ]
+        if logged and max(logged) > step:
+            for process in _our_train_workers()[:1]:
+                process.send_signal(signal.SIGKILL)
+                timeline.append((time.time(), f"SIGKILL worker pid {process.pid}"))
+                return
         time.sleep(0.2)
 
 
@@ -49,14 +76,15 @@ def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_be
             "eval.max_pairs=16",
             "train.max_failures=1",
             "output.checkpoints_to_keep=3",
+            "output.row_log=true",
             f"output.dir={tmp_path / 'run'}",
         ],
     )
     timeline = [(time.time(), "start")]
     stop = threading.Event()
     killer = threading.Thread(
-        target=_kill_a_worker_after_checkpoints,
-        args=(tmp_path / "run" / "ray_results", 2, timeline, stop),
+        target=_kill_a_worker_after_step,
+        args=(tmp_path / "run" / "trained_rows", 6, timeline, stop),
         daemon=True,
     )
     killer.start()
@@ -75,3 +103,18 @@ def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_be
     assert steps == [0, 2, 4, 6, 8, 10, 12]  # no step repeated, none missing
     assert metrics["sentences_seen"] == 12 * 16
     assert Path(metrics["model_dir"]).is_dir()
+
+    # Exact resume: what each rank trained, read back from its row log.
+    records = [
+        json.loads(line)
+        for path in sorted((tmp_path / "run" / "trained_rows").glob("rank*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    resumed_from = min(r["step"] for r in records if r["attempt"] == 1) - 1
+    assert resumed_from >= 2 and resumed_from % 2 == 0  # a checkpoint step
+    kept = [r for r in records if r["attempt"] == 1 or r["step"] <= resumed_from]
+    rolled_back = [r for r in records if r["attempt"] == 0 and r["step"] > resumed_from]
+    rows = [row for r in kept for row in r["rows"]]
+    assert len(rows) == len(set(rows)) == 12 * 16  # no row twice, none skipped
+    assert {r["epoch"] for r in kept} == {0}
+    print(f"resumed from step {resumed_from}; {len(rolled_back)} batches rolled back")

@@ -1,7 +1,7 @@
 """Progress windows: what the loop's throughput numbers count, and what the hot loop avoids."""
 
+import logging
 import os
-import time
 
 import pytest
 import torch
@@ -9,6 +9,14 @@ import torch
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.train.loop import _timed, peak_rss_mb, worker_threads
 from distributed_emb.train.progress import ProgressLog
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
 
 
 def test_record_keeps_metric_sums_on_their_device():
@@ -21,34 +29,44 @@ def test_record_keeps_metric_sums_on_their_device():
     assert progress.steps == 2
 
 
-def test_window_counts_steps_and_waits_but_not_evaluation_time():
+def test_window_counts_steps_and_waits_but_not_evaluation_time(monkeypatch):
+    from distributed_emb.train import progress as progress_module
+
+    clock = _Clock()  # a fake clock: no sleeps, no timed assertions
+    monkeypatch.setattr(progress_module, "time", clock)
     progress = ProgressLog(total_steps=10, global_batch=8, enabled=False)
-    time.sleep(0.05)  # training time: counted
+    clock.now += 0.05  # training time: counted
     progress.record({"loss": torch.tensor(2.0)}, 1e-5, 8, 0.02, torch.tensor(60), 0.01)
     progress.record({"loss": torch.tensor(4.0)}, 1e-5, 8, 0.02, torch.tensor(40), 0.03)
     window = progress.window_means()
     assert window["loss"] == pytest.approx(3.0)
     assert window["window_steps"] == 2 and window["data_wait_s"] == pytest.approx(0.04)
-    assert window["sentences_per_s"] == pytest.approx(16 / window["window_s"])
-    assert window["tokens_per_s"] == pytest.approx(100 / window["window_s"])
-    assert window["window_s"] >= 0.05
+    assert window["window_s"] == pytest.approx(0.05)
+    assert window["sentences_per_s"] == pytest.approx(16 / 0.05)
+    assert window["tokens_per_s"] == pytest.approx(100 / 0.05)
 
-    time.sleep(0.2)  # evaluation + checkpoint: between window_means and restart_clock
+    clock.now += 0.2  # evaluation + checkpoint: between window_means and restart_clock
     progress.restart_clock()
+    clock.now += 0.01
     progress.record({"loss": torch.tensor(1.0)}, 1e-5, 8, 0.001, 10, 0.0)
-    assert progress.window_means()["window_s"] < 0.2
+    assert progress.window_means()["window_s"] == pytest.approx(0.01)
     assert progress.window_means() == {}  # an empty window reports nothing
 
 
-def test_timed_measures_the_wait_for_each_item():
+def test_timed_measures_the_wait_for_each_item(monkeypatch):
+    from distributed_emb.train import loop as loop_module
+
+    clock = _Clock()
+    monkeypatch.setattr(loop_module, "time", clock)
+
     def slow():
         for i in range(3):
-            time.sleep(0.03 * i)
+            clock.now += 0.03 * i  # producing item i takes 0.03 × i seconds
             yield i
 
     items = list(_timed(slow()))
     assert [item for item, _ in items] == [0, 1, 2]
-    assert items[2][1] >= 0.06 and items[0][1] < 0.03
+    assert [wait for _, wait in items] == pytest.approx([0.0, 0.03, 0.06])
 
 
 @pytest.mark.parametrize(
@@ -68,3 +86,90 @@ def test_peak_rss_is_this_process_high_water_mark():
     assert peak_rss_mb() >= current + 200
     del block
     assert peak_rss_mb() >= current + 200  # a high-water mark does not come down
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the lines go: console, run.log, train_log.jsonl (issue: watchable runs)
+# ---------------------------------------------------------------------------------------------
+
+
+def _steps(progress, count, reconstruction=2e-5):
+    for _ in range(count):
+        metrics = {"loss": torch.tensor(1.5), "loss_reconstruction": torch.tensor(reconstruction)}
+        progress.record(metrics, 1e-5, 8, 0.01, torch.tensor(40), 0.0)
+
+
+def test_lines_every_logging_steps_reach_run_log_and_train_log(tmp_path):
+    from distributed_emb.tracking import JsonlSink, MetricsSinks, read_train_log
+
+    run_log = tmp_path / "run.log"
+    run_log.write_text("2026-01-01 00:00:00,000 INFO distributed_emb.data.corpus: driver line\n")
+    sinks = MetricsSinks([JsonlSink(tmp_path / "train_log.jsonl")])
+    progress = ProgressLog(5, 8, enabled=True, log_every=2, output_dir=tmp_path, sinks=sinks)
+    _steps(progress, 5)
+    progress.print_eval(5, 81.234, {"stsb_dev_spearman": 81.234, "step": 5, "final": True})
+    progress.close()
+    logging.getLogger("distributed_emb.train").warning("after close: not in run.log")
+
+    lines = run_log.read_text().splitlines()
+    assert lines[0].endswith("driver line")  # appended to, never truncated
+    steps = [line.split(": ", 1)[1] for line in lines[1:]]
+    # Every `log_every` steps and the last one; losses in scientific notation (the
+    # reconstruction term of ~1e-5 used to print as 0.0000).
+    assert [s.split(" ")[1] for s in steps] == ["2/5", "4/5", "5/5", "5/5"]
+    assert steps[0].startswith("step 2/5 loss=1.500e+00 reconstruction=2.000e-05 lr=1.00e-05 ")
+    assert steps[3] == "step 5/5 STS-B dev Spearman 81.23"
+    assert " WARNING distributed_emb.train: step 2/5" in lines[1]  # the driver's format
+    rows = read_train_log(tmp_path / "train_log.jsonl")
+    assert [(r["kind"], r["step"]) for r in rows] == [
+        ("train", 2),
+        ("train", 4),
+        ("eval", 5),
+        ("train", 5),
+    ]
+    assert rows[0]["loss_reconstruction"] == pytest.approx(2e-5)
+    assert rows[2]["stsb_dev_spearman"] == pytest.approx(81.234)
+    handlers = logging.getLogger("distributed_emb").handlers  # close() took its own away
+    assert not any(getattr(h, "baseFilename", None) == str(run_log) for h in handlers)
+
+
+def test_line_throughput_leaves_out_evaluation_time(monkeypatch):
+    from distributed_emb.train import progress as progress_module
+
+    clock = _Clock()
+    monkeypatch.setattr(progress_module, "time", clock)
+    progress = ProgressLog(total_steps=100, global_batch=8, enabled=False, log_every=4)
+    for _ in range(2):
+        clock.now += 1.0
+        progress.record({"loss": torch.tensor(1.0)}, 1e-5, 8, 0.5, 10, 0.0)
+    progress.window_means()  # an evaluation starts
+    clock.now += 10.0  # evaluation + checkpoint
+    progress.restart_clock()
+    for _ in range(2):
+        clock.now += 1.0
+        progress.record({"loss": torch.tensor(3.0)}, 1e-5, 8, 0.5, 10, 0.0)
+    line = progress.line_means()
+    # 4 steps × 8 sentences in 4 s of training (14 s of wall time, 10 of them evaluating).
+    assert line["sentences_per_s"] == pytest.approx(8.0)
+    assert line["tokens_per_s"] == pytest.approx(10.0)
+    assert line["loss"] == pytest.approx(2.0)  # the line's own steps, across the evaluation
+
+
+def test_worker_progress_writes_only_on_rank_0(tmp_path):
+    config = load_config(
+        TrainingConfig, None, [f"output.dir={tmp_path / 'out'}", "logging.logging_steps=1"]
+    )
+    silent = ProgressLog.for_worker(config, total_steps=3, world_size=2, rank=1)
+    _steps(silent, 1)
+    silent.close()
+    assert not (tmp_path / "out").exists()
+
+    progress = ProgressLog.for_worker(config, total_steps=3, world_size=2, rank=0, start_step=1)
+    assert progress.log_every == 1 and progress.global_batch == 64
+    _steps(progress, 2)
+    progress.close()
+    out = tmp_path / "out"
+    log_lines = (out / "run.log").read_text().splitlines()
+    assert [line.split(": ", 1)[1].split(" ")[1] for line in log_lines] == ["2/3", "3/3"]
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))

@@ -1,0 +1,256 @@
+"""Which run a checkpoint belongs to, and whether a new run may continue it.
+
+Ray Train resumes any run it finds under `<storage>/<run name>`: it does not look at the
+settings. Every checkpoint therefore carries a fingerprint of the settings that change what is
+trained (`run_identity.json`, written by checkpointing.save_loop_state), and before training
+starts the driver compares it with the new config (`prepare_run`): a run under the same name
+with different settings is refused, naming the keys that differ.
+
+What `output.resume` does with an existing run (same output.storage_path / output.run_name):
+- "auto" (default): continue it when its settings match, refuse when they differ; refuse an
+  output directory that already holds a finished run (metrics.json or model/).
+- "must" (`--resume`): continue it; refuse when there is no checkpoint to continue or the
+  settings differ. The output directory may hold the earlier results: they are rewritten.
+- "anyway" (`--resume-anyway`): continue it even when the settings differ (logged).
+- "overwrite" (`--overwrite`): delete the earlier run (its checkpoints in storage, model/ and
+  metrics.json in the output directory) and start again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import shutil
+import time
+from pathlib import Path
+
+from pyarrow import fs as pafs
+
+from distributed_emb.config import ConfigError, TrainingConfig, to_dict
+
+log = logging.getLogger(__name__)
+
+IDENTITY_FILE = "run_identity.json"
+CONFIG_FILE = "training_config.json"  # the full config (checkpoints before run_identity.json)
+CHECKPOINT_PREFIX = "checkpoint_"
+RESULT_FILES = ("metrics.json", "model")
+DEFAULT_RUN_NAME = "train"
+
+# Keys that do not change what is trained (weights, optimizer, data order) nor which
+# checkpoint is kept: where things are written, how Ray is reached, logging sinks, how many
+# CPUs and threads do the same arithmetic, how often a checkpoint is written, failure budgets,
+# and what happens after training (export, test). Changing one of them never makes a resumed
+# run a different run. A prefix ending in "." covers a whole section.
+IGNORED_KEYS = (
+    "output.",
+    "ray.",
+    "logging.",
+    "export.",
+    "train.cpus_per_worker",
+    "train.torch_threads",
+    "train.max_failures",
+    "train.checkpoint_steps",
+    "train.deepspeed.trust_checkpoints",
+    "eval.batch_size",
+    "eval.test_after_training",
+)
+
+RESUME_FLAGS = {"must": "--resume", "anyway": "--resume-anyway", "overwrite": "--overwrite"}
+
+
+class RunIdentityError(ConfigError):
+    """An existing run or output directory conflicts with this one; the message says which
+    keys or files, and the flag that resolves it."""
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"train": {"learning_rate": 3e-5}} → {"train.learning_rate": 3e-5}."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _ignored(key: str) -> bool:
+    return any(key.startswith(p) if p.endswith(".") else key == p for p in IGNORED_KEYS)
+
+
+def identity(config_tree: dict) -> dict:
+    """The settings that define a run: the flattened config without IGNORED_KEYS."""
+    return {k: v for k, v in sorted(flatten(config_tree).items()) if not _ignored(k)}
+
+
+def fingerprint(config_tree: dict) -> str:
+    """sha256 of the canonical JSON (sorted keys, no blanks) of `identity(config_tree)`."""
+    canonical = json.dumps(identity(config_tree), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def identity_record(config_tree: dict) -> dict:
+    """What a checkpoint stores: the fingerprint and the settings it covers (to name what
+    differs)."""
+    return {"fingerprint": fingerprint(config_tree), "settings": identity(config_tree)}
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """`key old → new` for every setting that differs (absent: a key one side lacks)."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old or key not in new or old[key] != new[key]:
+            changes.append(f"{key} {_shown(old, key)} → {_shown(new, key)}")
+    return changes
+
+
+def _shown(settings: dict, key: str) -> str:
+    return json.dumps(settings[key]) if key in settings else "(absent)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage: local paths and s3:// / gs:// through pyarrow, as Ray Train itself reaches them
+# ---------------------------------------------------------------------------------------------
+
+
+def run_location(config: TrainingConfig, run_name: str):
+    """(pyarrow filesystem, path of the run directory in it, the directory as shown to users)."""
+    storage = config.output.storage_path or str(Path(config.output.dir) / "ray_results")
+    if "://" in storage:
+        filesystem, root = pafs.FileSystem.from_uri(storage)
+        shown = f"{storage.rstrip('/')}/{run_name}"
+    else:
+        filesystem, root = pafs.LocalFileSystem(), os.path.abspath(storage)
+        shown = os.path.join(root, run_name)
+    return filesystem, posixpath.join(root, run_name), shown
+
+
+def latest_checkpoint(filesystem, run_dir: str) -> str | None:
+    """The newest `checkpoint_*` directory of a run (Ray names them checkpoint_<date_time.ms>,
+    which sorts in time order), or None."""
+    try:
+        entries = filesystem.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    names = sorted(
+        posixpath.basename(e.path)
+        for e in entries
+        if e.type == pafs.FileType.Directory
+        and posixpath.basename(e.path).startswith(CHECKPOINT_PREFIX)
+    )
+    return posixpath.join(run_dir, names[-1]) if names else None
+
+
+def _read_json(filesystem, path: str) -> dict | None:
+    if filesystem.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        return json.loads(stream.read().decode())
+
+
+def stored_identity(filesystem, checkpoint_dir: str) -> dict | None:
+    """A checkpoint's identity record; for checkpoints written before run_identity.json
+    existed, computed from the training_config.json beside it."""
+    record = _read_json(filesystem, posixpath.join(checkpoint_dir, IDENTITY_FILE))
+    if record is not None:
+        return record
+    config_tree = _read_json(filesystem, posixpath.join(checkpoint_dir, CONFIG_FILE))
+    return identity_record(config_tree) if config_tree is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The check before training
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_run_name(config: TrainingConfig) -> str:
+    """output.run_name; else "train" inside the output directory's own ray_results (one run
+    per output directory, so an interrupted run resumes); else, on shared storage, a name no
+    other run has (output.run_name is what makes such a run resumable)."""
+    if config.output.run_name:
+        return config.output.run_name
+    if config.output.storage_path is None:
+        return DEFAULT_RUN_NAME
+    return f"{DEFAULT_RUN_NAME}-{int(time.time())}"
+
+
+def prepare_run(config: TrainingConfig, dry_run: bool = False) -> str:
+    """Check (and for "overwrite" clear) what an earlier run left; return the run name.
+
+    Runs on the driver before the TorchTrainer is built: a conflict costs no training.
+    `dry_run`: check only, delete nothing (the command line, before Ray starts).
+    """
+    mode = config.output.resume
+    run_name = resolve_run_name(config)
+    output = Path(config.output.dir)
+    results = [name for name in RESULT_FILES if (output / name).exists()]
+    filesystem, run_dir, shown = run_location(config, run_name)
+
+    if mode == "overwrite":
+        if not dry_run:
+            _delete_earlier_run(filesystem, run_dir, shown, output, results)
+        return run_name
+    if results and mode == "auto":
+        raise RunIdentityError(
+            f"--output {output} already holds a run ({', '.join(results)}): pass --resume to "
+            f"continue it from its last checkpoint, or --overwrite to delete it and start again "
+            f"(output.resume=must / output.resume=overwrite)"
+        )
+
+    checkpoint = latest_checkpoint(filesystem, run_dir)
+    if checkpoint is None:
+        if mode == "must":
+            raise RunIdentityError(
+                f"output.resume=must (--resume): no checkpoint of run {run_name!r} in {shown} "
+                f"to continue; drop --resume to start it, or check output.run_name and "
+                f"output.storage_path"
+            )
+        return run_name
+
+    stored = stored_identity(filesystem, checkpoint)
+    new = identity_record(to_dict(config))
+    if stored is not None and stored["fingerprint"] == new["fingerprint"]:
+        if not dry_run:
+            log.warning("resuming run %r from %s", run_name, checkpoint)
+        return run_name
+    changes = (
+        differences(stored.get("settings", {}), new["settings"])
+        if stored is not None
+        else [f"{CONFIG_FILE} and {IDENTITY_FILE} missing from {posixpath.basename(checkpoint)}"]
+    )
+    # A fingerprint mismatch with equal settings (an edited identity file): still different.
+    changes = changes or ["fingerprint differs"]
+    listed = ", ".join(changes)
+    if mode == "anyway":
+        if dry_run:
+            return run_name
+        log.warning(
+            "output.resume=anyway: continuing run %r (%s) with different settings: %s",
+            run_name,
+            shown,
+            listed,
+        )
+        return run_name
+    raise RunIdentityError(
+        f"output.run_name={run_name} already holds a run with different settings "
+        f"(in {shown}): {listed}; pass --resume-anyway (output.resume=anyway) to continue it "
+        f"with the new settings, --overwrite (output.resume=overwrite) to delete it, or choose "
+        f"another output.run_name"
+    )
+
+
+def _delete_earlier_run(filesystem, run_dir: str, shown: str, output: Path, results) -> None:
+    if filesystem.get_file_info(run_dir).type == pafs.FileType.Directory:
+        log.warning("output.resume=overwrite: deleting the earlier run %s", shown)
+        filesystem.delete_dir(run_dir)
+    for name in results:
+        path = output / name
+        log.warning("output.resume=overwrite: deleting %s", path)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

@@ -1,0 +1,68 @@
+"""Object storage for real, on loopback: the corpus is read from an S3 bucket as shards, Ray
+Train keeps its checkpoints there, and the exported model lands beside them, readable by a
+process that was never part of the cluster."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.paths import shipped_corpus
+
+
+def _upload_corpus_shards(bucket: str, lines: list[str]) -> None:
+    filesystem, root = pafs.FileSystem.from_uri(f"{bucket}/corpus")
+    half = len(lines) // 2
+    pq.write_table(pa.table({"text": lines[:half]}), f"{root}/part-0.parquet", filesystem=filesystem)
+    with filesystem.open_output_stream(f"{root}/more/part-1.jsonl.gz", compression=None) as handle:
+        handle.write(gzip.compress("\n".join(json.dumps({"text": t}) for t in lines[half:]).encode()))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
+    from distributed_emb.train.trainer import run_training
+
+    bucket = s3.create_bucket("distributed-emb-test")
+    lines = open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:200]
+    _upload_corpus_shards(bucket, lines)
+    config = load_config(
+        TrainingConfig,
+        "jobs/configs/informin_tiny.yaml",
+        [
+            f"model.path={tiny_bert_path}",
+            f"data.path={bucket}/corpus/",
+            "data.max_rows=null",
+            "train.max_steps=2",
+            "eval.eval_steps=2",
+            f"output.storage_path={bucket}/runs",
+            "output.run_name=s3-run",
+            f"output.dir={tmp_path / 'run'}",
+        ],
+    )
+    metrics = run_training(config).metrics
+
+    assert metrics["steps"] == 2
+    assert metrics["corpus"]["read"] == metrics["corpus"]["kept"] == 200  # both shards read
+    keys = s3.keys("distributed-emb-test", "runs/s3-run/")
+    assert any("/checkpoint_" in key for key in keys)
+    assert "runs/s3-run/model/modules.json" in keys and "runs/s3-run/metrics.json" in keys
+    assert metrics["model_uri"] == f"{bucket}/runs/s3-run/model"
+
+    # A fresh interpreter, outside Ray, fetches the model from the bucket and loads it.
+    script = f"""
+import pyarrow.fs as pafs
+from sentence_transformers import SentenceTransformer
+fs, root = pafs.FileSystem.from_uri({metrics['model_uri']!r})
+pafs.copy_files(root, {str(tmp_path / 'fetched')!r}, source_filesystem=fs)
+print(SentenceTransformer({str(tmp_path / 'fetched')!r}, device="cpu").encode(["x"]).shape)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith(")")
