@@ -38,7 +38,7 @@ def time_data_path(
 
     from distributed_emb.config import DataConfig, load_config
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+    from distributed_emb.data.corpus import start_drop_counter, training_dataset
 
     data_config = load_config(DataConfig, None, list(data_overrides))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -48,7 +48,6 @@ def time_data_path(
     counter = start_drop_counter()
     dataset = training_dataset(data_config, counter)
     rows = dataset.count()
-    report = collect_report(counter)
     read_s = time.perf_counter() - started
 
     # The first batch pays the streaming executor's start-up (once per epoch, hidden behind

@@ -31,7 +31,10 @@ def copy_to_storage(local_path: str | Path, uri: str) -> str:
     else:
         filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
     pafs.copy_files(
-        str(local), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem
+        str(local),
+        target,
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=filesystem,
     )
     log.info("copied %s to %s", local, uri)
     return uri

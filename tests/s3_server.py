@@ -33,7 +33,9 @@ class LoopbackS3:
         return f"s3://{name}"
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        pages = (
+            self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        )
         return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 

@@ -117,9 +117,7 @@ class KeepCleanRows:
 def _text_key(block: pa.Table, columns: list[str]) -> np.ndarray:
     """A 64-bit hash of each row's text columns (exact duplicates collide, others not)."""
     values = zip(*(block.column(c).to_pylist() for c in columns))
-    digests = [
-        hashlib.blake2b("\x1f".join(v).encode(), digest_size=8).digest() for v in values
-    ]
+    digests = [hashlib.blake2b("\x1f".join(v).encode(), digest_size=8).digest() for v in values]
     return np.frombuffer(b"".join(digests), dtype=np.int64) if digests else np.zeros(0, np.int64)
 
 
@@ -203,7 +201,9 @@ def read_rows(
     seen: set[tuple] = set()
     for block in iter_parsed_blocks(resolve_sources(path, hf_split), rules):
         report.merge(DropReport.of_block(block))
-        for values in block.filter(pc.equal(block.column(DROP), "")).select(rules.fields).to_pylist():
+        for values in (
+            block.filter(pc.equal(block.column(DROP), "")).select(rules.fields).to_pylist()
+        ):
             key = tuple(values[name] for name in rules.fields)
             if deduplicate and key in seen:
                 report.kept -= 1  # counted as read and kept above: it moves to dropped

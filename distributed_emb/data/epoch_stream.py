@@ -56,9 +56,7 @@ def epoch_batches(
 
 
 def _numpy(table: pa.Table) -> dict[str, np.ndarray]:
-    return {
-        name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
-    }
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
 
 def save_epoch_rows(directory: str, rank: int, row_ids: list[np.ndarray]) -> None:

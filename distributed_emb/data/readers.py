@@ -277,7 +277,9 @@ def _open(filesystem: pafs.FileSystem, file: SourceFile):
 
 def _record_batches(handle, file: SourceFile, rules: RowRules) -> Iterator[pa.RecordBatch]:
     if file.format == "parquet":
-        parquet = pq.ParquetFile(handle if file.compression is None else pa.BufferReader(handle.read()))
+        parquet = pq.ParquetFile(
+            handle if file.compression is None else pa.BufferReader(handle.read())
+        )
         present = [name for name in rules.fields if name in parquet.schema_arrow.names]
         missing = [name for name in rules.required if name not in present]
         if missing:
@@ -296,7 +298,9 @@ def read_file_blocks(
     text_field = rules.fields[0] if len(rules.fields) == 1 else None
     with _open(filesystem, file) as handle:
         if file.format in ("txt", "jsonl"):
-            records = _line_records(iter_lines(handle.read, 4 * rules.max_chars + 4), file, text_field)
+            records = _line_records(
+                iter_lines(handle.read, 4 * rules.max_chars + 4), file, text_field
+            )
             label = ""
         else:
             records = _table_records(_record_batches(handle, file, rules), file, rules)

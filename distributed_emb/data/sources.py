@@ -31,7 +31,13 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
-FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
+FORMATS = {
+    ".txt": "txt",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 # A saved Hugging Face dataset's bookkeeping, next to its .arrow files.
 HF_METADATA = {"dataset_info.json", "state.json", "dataset_dict.json"}
@@ -67,7 +73,9 @@ class CorpusFiles:
         return sum(f.size or 0 for f in self.files)
 
     def describe(self) -> str:
-        formats = sorted({f.format + (f".{f.compression}" if f.compression else "") for f in self.files})
+        formats = sorted(
+            {f.format + (f".{f.compression}" if f.compression else "") for f in self.files}
+        )
         return f"{len(self.files)} file(s) ({', '.join(formats)}) from {', '.join(self.specs)}"
 
 
@@ -112,7 +120,9 @@ def _hub_filesystem() -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem()))
 
 
-def _list(filesystem: pafs.FileSystem, root: str, pattern: str | None = None) -> list[pafs.FileInfo]:
+def _list(
+    filesystem: pafs.FileSystem, root: str, pattern: str | None = None
+) -> list[pafs.FileInfo]:
     """Files under `root` (recursively), or `root` itself when it is a file."""
     info = filesystem.get_file_info(root)
     if info.type == pafs.FileType.File:
@@ -204,7 +214,9 @@ def resolve_sources(specs: str | list[str], hf_split: str = "train") -> CorpusFi
         infos = sorted((f for f in infos if not _is_bookkeeping(f.path)), key=lambda f: f.path)
         unknown = [f.path for f in infos if file_format(f.path) is None]
         if unknown:
-            listed = ", ".join(unknown[:10]) + (f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else "")
+            listed = ", ".join(unknown[:10]) + (
+                f" (+{len(unknown) - 10} more)" if len(unknown) > 10 else ""
+            )
             raise CorpusError(
                 f"{spec}: cannot tell the format of {len(unknown)} file(s): {listed}; corpus files "
                 f"end in {', '.join(FORMATS)} (optionally {', '.join(COMPRESSIONS)})"

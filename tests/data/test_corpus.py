@@ -58,7 +58,9 @@ def test_jsonl_bad_rows_are_named_and_counted(tmp_path):
         "not_an_object": 1,
         "empty": 1,
     }
-    assert report.examples["invalid_json"] == [f"{path}:2: Expecting property name enclosed in double quotes"]
+    assert report.examples["invalid_json"] == [
+        f"{path}:2: Expecting property name enclosed in double quotes"
+    ]
 
 
 def test_parquet_and_missing_column(tmp_path):
@@ -87,7 +89,9 @@ def test_pairs_columns_and_max_rows(tmp_path):
             json.dumps({"anchor": f"a{i}", "positive": f"p{i}", "doc": "d"}) for i in range(10)
         )
     )
-    rows, report = read_rows(str(path), columns=["anchor", "positive"], group_column="doc", max_rows=3)
+    rows, report = read_rows(
+        str(path), columns=["anchor", "positive"], group_column="doc", max_rows=3
+    )
     assert rows["anchor"] == ["a0", "a1", "a2"] and rows["doc"] == ["d", "d", "d"]
 
 

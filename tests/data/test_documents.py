@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from distributed_emb.data.sources import CorpusError
 from distributed_emb.data.documents import (
     DROP_REASONS,
     DocumentsConfig,
@@ -16,6 +15,7 @@ from distributed_emb.data.documents import (
     read_documents_locally,
     split_sentences,
 )
+from distributed_emb.data.sources import CorpusError
 
 # (line, expected drop reason or None when kept)
 JSONL_CASES: list[tuple[bytes, str | None]] = [
@@ -96,7 +96,9 @@ def test_split_sentences_rule():
 
 
 def test_local_reader_counts_every_bad_row(bad_jsonl):
-    documents, report = read_documents_locally(DocumentsConfig(paths=[str(bad_jsonl)], max_chars=500), log=False)
+    documents, report = read_documents_locally(
+        DocumentsConfig(paths=[str(bad_jsonl)], max_chars=500), log=False
+    )
     assert {d["doc_id"]: d["sentences"] for d in documents} == EXPECTED_KEPT
     assert report.dropped == expected_drops()
     assert report.rows == len(JSONL_CASES) and report.kept == len(EXPECTED_KEPT)

@@ -19,9 +19,13 @@ from distributed_emb.paths import shipped_corpus
 def _upload_corpus_shards(bucket: str, lines: list[str]) -> None:
     filesystem, root = pafs.FileSystem.from_uri(f"{bucket}/corpus")
     half = len(lines) // 2
-    pq.write_table(pa.table({"text": lines[:half]}), f"{root}/part-0.parquet", filesystem=filesystem)
+    pq.write_table(
+        pa.table({"text": lines[:half]}), f"{root}/part-0.parquet", filesystem=filesystem
+    )
     with filesystem.open_output_stream(f"{root}/more/part-1.jsonl.gz", compression=None) as handle:
-        handle.write(gzip.compress("\n".join(json.dumps({"text": t}) for t in lines[half:]).encode()))
+        handle.write(
+            gzip.compress("\n".join(json.dumps({"text": t}) for t in lines[half:]).encode())
+        )
 
 
 @pytest.mark.slow
@@ -59,10 +63,12 @@ def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
     script = f"""
 import pyarrow.fs as pafs
 from sentence_transformers import SentenceTransformer
-fs, root = pafs.FileSystem.from_uri({metrics['model_uri']!r})
-pafs.copy_files(root, {str(tmp_path / 'fetched')!r}, source_filesystem=fs)
-print(SentenceTransformer({str(tmp_path / 'fetched')!r}, device="cpu").encode(["x"]).shape)
+fs, root = pafs.FileSystem.from_uri({metrics["model_uri"]!r})
+pafs.copy_files(root, {str(tmp_path / "fetched")!r}, source_filesystem=fs)
+print(SentenceTransformer({str(tmp_path / "fetched")!r}, device="cpu").encode(["x"]).shape)
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith(")")

@@ -10,7 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from distributed_emb.data.corpus import read_rows
-from distributed_emb.data.readers import TOO_LONG, DropReport, TextRows, iter_lines, iter_parsed_blocks
+from distributed_emb.data.readers import (
+    TOO_LONG,
+    DropReport,
+    TextRows,
+    iter_lines,
+    iter_parsed_blocks,
+)
 from distributed_emb.data.sources import CorpusError, resolve_sources
 
 
