@@ -70,6 +70,12 @@ def parse_training_args(
         help="print the resolved configuration as YAML (defaults, file, overrides) and exit",
     )
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="connect to Ray (or start it locally), print the resource plan and exit: "
+        "0 if the job fits the cluster, 3 if it never can (docs/OPERATIONS.md)",
+    )
+    parser.add_argument(
         "--config",
         help="YAML config (default: %(default)s)",
         default=str(default_config) if default_config else None,
@@ -121,8 +127,22 @@ def parse_training_args(
         prepare_run(config, dry_run=True)
     except RunIdentityError as error:
         parser.exit(2, f"error: {error}\n")
+    if args.plan:
+        parser.exit(print_plan(config))
     setup_logging(config.output.dir)
     return config
+
+
+def print_plan(config: TrainingConfig) -> int:
+    """`--plan`: the resource plan of `config` on the cluster it would run on; the exit status
+    (0: fits, now or once the autoscaler adds nodes; 3: can never fit)."""
+    from distributed_emb.resource_plan import cluster_from_ray, training_plan
+
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, force=True)
+    start_ray(config)
+    plan = training_plan(config, cluster_from_ray())
+    print(plan.table())
+    return 3 if plan.problem else 0
 
 
 def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
@@ -160,9 +180,10 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     if address:
         ray.init(address=address, runtime_env=runtime_env)
         return
-    # Logical CPUs above the core count: Ray Train workers and Ray Data read tasks otherwise
-    # deadlock on small machines (see docs/ARCHITECTURE.md, "Ray on small machines").
-    num_cpus = config.ray.num_cpus or 2 * (os.cpu_count() or 1)
+    # The machine's own cores: the resource plan (resource_plan.py, run by run_training) leaves
+    # Ray Data its share by lowering the Train workers' reservation where it must, so nothing
+    # depends on logical CPUs above the core count (docs/ARCHITECTURE.md, "Ray on small machines").
+    num_cpus = config.ray.num_cpus or os.cpu_count() or 1
     store = config.ray.object_store_memory_mb
     if state_api:
         port = _free_port()

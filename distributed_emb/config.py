@@ -465,6 +465,16 @@ class TrainLoopConfig:
     torch_threads: int | None = None  # None: cpus_per_worker, rounded up
     max_failures: int = 0
     checkpoint_steps: int | None = None  # None: checkpoint at each evaluation
+    # CPUs kept free of Train workers for Ray Data's read/clean/feed tasks (whole CPUs: each
+    # task takes one); the resource plan (resource_plan.py) checks the cluster holds both.
+    data_cpus: float = 1.0
+    # When the cluster's CPUs cannot hold num_workers × cpus_per_worker plus data_cpus, reserve
+    # a smaller fractional CPU per worker (at least 0.25; torch threads unchanged) instead of
+    # failing.
+    lower_cpus_to_fit: bool = True
+    # Fail the run when a task, actor or worker group of the job has waited this long for
+    # resources (a pipeline that can never be scheduled, nodes that never come); null: never.
+    stall_timeout_s: float | None = 600.0
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
@@ -501,7 +511,7 @@ class OutputConfig:
 @dataclass
 class RayConfig:
     address: str | None = None  # None: connect to RAY_ADDRESS if set, else start locally
-    num_cpus: int | None = None  # logical CPUs for a local instance (None: 2 × cores)
+    num_cpus: int | None = None  # logical CPUs for a local instance (None: the cores)
     object_store_memory_mb: int | None = 1024
 
 
@@ -615,6 +625,8 @@ class TrainingConfig:
         require_range(t.torch_threads, "train.torch_threads", 1, allow_none=True)
         require_range(t.max_failures, "train.max_failures", -1, why="-1: unlimited")
         require_range(t.checkpoint_steps, "train.checkpoint_steps", 1, allow_none=True)
+        require_range(t.data_cpus, "train.data_cpus", 1, why="Ray Data tasks take 1 CPU each")
+        require_range(t.stall_timeout_s, "train.stall_timeout_s", 0, low_open=True, allow_none=True)
         require_range(t.deepspeed.zero_stage, "train.deepspeed.zero_stage", 0, 3)
         if t.deepspeed.config_path is not None:
             _require(

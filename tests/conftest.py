@@ -86,8 +86,8 @@ def tiny_bert_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray with 4 logical CPUs on the 2-core machine (see ../shared/RAY_NOTES.md:
-    2 logical CPUs deadlock Train workers against streaming reads)."""
+    """A local Ray with 4 logical CPUs on the 2-core machine: tests share one instance per
+    module, and several Train runs, annotation pools and evaluation pools need room."""
     import ray
 
     if not ray.is_initialized():

@@ -9,7 +9,7 @@ every STS-B dev report to Tune through `TuneReportCallback`.
 Resources: the trial driver only waits on its TorchTrainer, so it asks for 0.01 CPU; the
 Train workers (num_workers × cpus_per_worker CPUs, + GPUs) are what limits concurrency.
 A driver holding a whole CPU deadlocks small machines: two drivers take both CPUs and
-neither trial's workers can start (see ../shared/RAY_NOTES.md).
+neither trial's workers can start (docs/TUNE.md).
 
 The corpus is read and cleaned once, on the search driver, materialised in the object store
 and handed to every trial: no trial re-reads it, and no trial needs CPUs for read tasks

@@ -38,6 +38,8 @@ from distributed_emb.data.sources import CorpusError, resolve_sources
 
 log = logging.getLogger(__name__)
 
+STREAM_BLOCK_BYTES = 4 * 1024**2
+
 __all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows", "training_dataset"]
 
 
@@ -161,6 +163,9 @@ def training_dataset(data_config, counter):
     rules = text_rules(data_config)
     log.info("corpus: %s", files.describe())
     dataset = ray.data.read_datasource(corpus_datasource(files, rules, data_config.block_rows))
+    # Small blocks reach the workers as soon as they are read: with Ray Data's default (128
+    # MiB) a 1M-sentence shard is buffered whole before its first row moves on.
+    dataset.context.target_max_block_size = STREAM_BLOCK_BYTES
     dataset = dataset.map_batches(KeepCleanRows(counter), batch_size=None, batch_format="pyarrow")
     if data_config.deduplicate:
         columns = rules.fields

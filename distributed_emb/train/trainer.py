@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +18,12 @@ from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.data.sharding import RowShardedDataConfig
 from distributed_emb.model.model_card import finalize_export
+from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.tracking import write_run_plots
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
+from distributed_emb.train.watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +41,11 @@ def build_trainer(
     num_rows: int | None,
     run_name: str | None = None,
     callbacks: list | None = None,
+    worker_cpus: float | None = None,
 ):
     """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
-    callbacks such as TuneReportCallback)."""
+    callbacks such as TuneReportCallback). `worker_cpus`: each worker's CPU reservation from
+    the resource plan (resource_plan.py), when it lowered `train.cpus_per_worker`."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -52,7 +57,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             num_workers=train.num_workers,
             use_gpu=train.use_gpu,
-            resources_per_worker=worker_resources(config),
+            resources_per_worker=worker_resources(config, worker_cpus),
         ),
         run_config=RunConfig(
             name=run_name or resolve_run_name(config),
@@ -80,9 +85,10 @@ def count_rows(config: TrainingConfig, dataset) -> int | None:
     return dataset.count()
 
 
-def worker_resources(config: TrainingConfig) -> dict[str, float]:
-    """What one Ray Train worker holds (its placement-group bundle)."""
-    resources = {"CPU": config.train.cpus_per_worker}
+def worker_resources(config: TrainingConfig, cpus: float | None = None) -> dict[str, float]:
+    """What one Ray Train worker holds (its placement-group bundle): `cpus` from the resource
+    plan, else train.cpus_per_worker."""
+    resources = {"CPU": cpus if cpus is not None else config.train.cpus_per_worker}
     if config.train.use_gpu:
         resources["GPU"] = 1
     return resources
@@ -149,8 +155,11 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         counter = start_drop_counter()
         dataset = training_dataset(config.data, counter)
     num_rows = count_rows(config, dataset)
-    trainer = build_trainer(config, dataset, num_rows, run_name)
-    result = trainer.fit()
+    # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
+    plan = check_training_plan(config)
+    lowered = {"worker_cpus": plan.worker_cpu} if plan is not None and plan.lowered else {}
+    trainer = build_trainer(config, dataset, num_rows, run_name, **lowered)
+    result = _fit_watched(trainer, config)
     if result.error is not None:
         raise result.error
     if counter is not None:
@@ -202,6 +211,26 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     if config.output.storage_path:
         copy_to_storage(output / "metrics.json", metrics["metrics_uri"])
     return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
+
+
+def _fit_watched(trainer, config: TrainingConfig):
+    """trainer.fit() under the stall watchdog (train/watchdog.py). Only from the main thread:
+    the watchdog stops a stalled run through Ray Train's Ctrl-C path, which exists there only
+    (a Tune trial's fit runs in a thread; the search has its own plan check)."""
+    if threading.current_thread() is not threading.main_thread():
+        return trainer.fit()
+    hint = (
+        "fix: see the resource plan above (train.num_workers, train.cpus_per_worker, "
+        "train.data_cpus) and docs/OPERATIONS.md, 'Sizing a cluster'"
+    )
+    with StallWatchdog(config.train.stall_timeout_s, hint=hint) as watchdog:
+        try:
+            result = trainer.fit()
+        except (KeyboardInterrupt, SystemExit, Exception):
+            watchdog.check()  # a stall: its message, not the abort's traceback
+            raise
+    watchdog.check()
+    return result
 
 
 def _best_checkpoint(result, start_is_candidate: bool):

@@ -119,6 +119,7 @@ def test_job_scales_up_spreads_workers_keeps_state_on_s3_and_scales_down(
             scaled_down = True
         except TimeoutError:
             scaled_down = False
+            timeline.add(f"autoscaler log:\n{cluster.log_tail(40)}")
         timeline.add("all worker nodes gone" if scaled_down else "nodes still up at deadline")
         watcher.stop()
     print(f"scale-up timeline:\n{timeline}")

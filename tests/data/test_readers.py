@@ -166,3 +166,24 @@ def test_drop_counts_do_not_depend_on_block_size(tmp_path):
         assert len(blocks) == -(-len(lines) // block_rows)
     assert reports[0] == reports[1] == reports[2]
     assert reports[0]["dropped"] == {"invalid_json": 15, "blank_line": 10}
+
+
+def test_vectorised_parquet_rules_equal_the_per_row_rules():
+    """Parquet/Arrow batches are normalised in Arrow compute; the result must be the per-row
+    rules' result, reason for reason."""
+    rules = TextRows(["anchor", "positive"], group_column="doc", max_chars=10)
+    table = pa.table(
+        {
+            "anchor": ["a", None, "  ", "x" * 11, " keep me ", "b", "c"],
+            "positive": ["p", "q", "r", "s", "t  ", None, "   "],
+            "doc": [1, 2, 3, 4, 5, 6, None],
+        }
+    )
+    values, reasons, _ = rules.normalise_arrow(table)
+    for index, record in enumerate(table.to_pylist()):
+        expected, reason, _ = rules.normalise(record)
+        assert reasons[index] == reason, (index, record)
+        got = {name: values.column(name)[index].as_py() for name in rules.fields}
+        assert got == (expected or dict.fromkeys(rules.fields)), (index, record)
+    numbers = TextRows(["text"]).normalise_arrow(pa.table({"text": [1, None]}))[1]
+    assert list(numbers) == ["not_text:text", "empty"]

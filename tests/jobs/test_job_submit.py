@@ -42,14 +42,46 @@ def _tiny_run_config(tmp_path: Path, model_path: str) -> Path:
     return path
 
 
+def _submit(head, config_path: Path, output: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            RAY_CLI,
+            "job",
+            "submit",
+            "--address",
+            head.dashboard_url,
+            "--runtime-env",
+            "cluster/runtime_env.yaml",
+            "--working-dir",
+            ".",
+            "--",
+            "python",
+            "jobs/train_informin.py",
+            "--config",
+            str(config_path),
+            "--output",
+            str(output),
+            *overrides,
+        ],  # fmt: skip
+        cwd=REPO,
+        env=head.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, tiny_bert_path):
     from sentence_transformers import SentenceTransformer
 
     config_path = _tiny_run_config(tmp_path, tiny_bert_path)
     output = tmp_path / "run"
     submission_id = f"test-train-{secrets.token_hex(4)}"
-    # 4 logical CPUs: 2 Train workers + Ray Data reads (2 would deadlock; see RAY_NOTES).
-    with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=4) as head:
+    # The machine's own 2 CPUs, exactly num_workers × cpus_per_worker: the resource plan must
+    # leave Ray Data its share (before it, the job hung at `Split Repartition: 0%`).
+    with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as head:
+        never = _submit(head, config_path, tmp_path / "never", "train.num_workers=8")
+        never_logs = never.stdout + never.stderr
         submitted = subprocess.run(
             [
                 RAY_CLI,
@@ -83,7 +115,14 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, 
             headers=head.auth_headers(),
             timeout=30,
         ).json()
+    # Can never fit: fails before Ray Train starts, with the numbers and the fix.
+    assert never.returncode != 0, never_logs[-4000:]
+    assert "does not fit the cluster" in never_logs, never_logs[-4000:]
+    assert "8 Train workers × 1 CPU + Ray Data 1 CPU = 9 CPU" in never_logs
+    assert "train.num_workers=1" in never_logs
+    assert "TrainController" not in never_logs  # Ray Train never started
     assert submitted.returncode == 0, logs[-6000:]
+    assert "resource plan:" in logs and "lowered to leave Ray Data its share" in logs, logs[-6000:]
     assert status["status"] == "SUCCEEDED", (status, logs[-6000:])
 
     model_dir = output / "model"

@@ -1,0 +1,169 @@
+"""Streaming corpora at scale: time to the first training batch and driver memory from 1M to
+20M sentences, and the streaming path's delivery rate against the in-memory path it replaced.
+
+    python bench/corpus_scale.py --sizes 1000000 5000000 20000000 --workdir /tmp/corpus_scale
+
+For each size, generated Parquet shards (1M sentences each: the shipped Wikipedia sentences,
+numbered so that every row is distinct) are read the way a training run reads them: the driver
+lists the files and builds the lazy pipeline (data/corpus.py), Ray Train's data config gives
+rank 0 of 2 its shard (data/sharding.py), and the worker-side batcher (data/epoch_stream.py)
+cuts the first batch. Each size runs in a fresh process (its own Ray), so the driver's peak RSS
+(VmHWM) is that size's alone.
+
+Delivery rate (1M sentences, same process, interleaved): rows per second into one consumer
+from (a) the streaming path and (b) the in-memory path the project used before — every row
+read on the driver into one Arrow table, then `ray.data.from_arrow`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHARD_ROWS = 1_000_000
+BATCH = 32
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def write_shards(directory: Path, rows: int) -> Path:
+    """Parquet shards of distinct sentences (cached: reused when already there)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from distributed_emb.paths import shipped_corpus
+
+    target = directory / f"{rows}"
+    shards = -(-rows // SHARD_ROWS)
+    if target.is_dir() and len(list(target.glob("*.parquet"))) == shards:
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    base = pa.array(open(shipped_corpus("wiki_sentences.txt")).read().splitlines())
+    for shard in range(shards):
+        count = min(SHARD_ROWS, rows - shard * SHARD_ROWS)
+        index = np.arange(shard * SHARD_ROWS, shard * SHARD_ROWS + count)
+        texts = pc.binary_join_element_wise(
+            base.take(pa.array(index % len(base))), pa.array(index.astype(str)), " #"
+        )
+        pq.write_table(pa.table({"text": texts}), target / f"part-{shard:05d}.parquet")
+    return target
+
+
+def _start_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def _rank0_iterator(dataset):
+    from distributed_emb.data.sharding import RowShardedDataConfig
+
+    return RowShardedDataConfig().configure({"train": dataset}, 2, None, None)[0]["train"]
+
+
+def first_batch(path: str) -> dict:
+    """In this (fresh) process: seconds from building the pipeline to rank 0's first batch."""
+    from distributed_emb.config import DataConfig
+    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+    from distributed_emb.data.epoch_stream import epoch_batches
+
+    _start_ray()
+    started = time.perf_counter()
+    dataset = training_dataset(DataConfig(path=path), start_drop_counter())
+    batch = next(epoch_batches(_rank0_iterator(dataset), BATCH, 10_000, seed=0))
+    seconds = time.perf_counter() - started
+    assert len(batch["text"]) == BATCH
+    return {"first_batch_s": round(seconds, 2), "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+def _rate(iterator, batches: int) -> float:
+    from distributed_emb.data.epoch_stream import epoch_batches
+
+    stream = epoch_batches(iterator, BATCH, 10_000, seed=0)
+    next(stream)  # start-up excluded: rate of the steady stream
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(stream)
+    return batches * BATCH / (time.perf_counter() - started)
+
+
+def delivery(path: str, batches: int, rounds: int) -> dict:
+    import pyarrow as pa
+    import ray
+
+    from distributed_emb.config import DataConfig
+    from distributed_emb.data.corpus import read_rows, start_drop_counter, training_dataset
+    from distributed_emb.data.readers import ROW_ID
+
+    _start_ray()
+    started = time.perf_counter()
+    rows, _ = read_rows(path)  # the old path: every row through the driver
+    table = pa.table({"text": rows["text"]})
+    table = table.append_column(ROW_ID, pa.array(range(table.num_rows), pa.int64()))
+    in_memory = ray.data.from_arrow(table).repartition(64)
+    driver_read_s = time.perf_counter() - started
+    streaming, memory = [], []
+    for _ in range(rounds):  # interleaved: drift in machine speed hits both alike
+        dataset = training_dataset(DataConfig(path=path), start_drop_counter())
+        streaming.append(_rate(_rank0_iterator(dataset), batches))
+        memory.append(_rate(_rank0_iterator(in_memory), batches))
+    return {
+        "streaming_rows_per_s": [round(r) for r in streaming],
+        "in_memory_rows_per_s": [round(r) for r in memory],
+        "ratio": round(sum(streaming) / sum(memory), 3),
+        "in_memory_driver_read_s": round(driver_read_s, 1),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
+    parser.add_argument("--workdir", default="/tmp/distributed_emb_corpus_scale")
+    parser.add_argument("--batches", type=int, default=300, help="batches timed per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:  # one measurement in a fresh process
+        kind, path = args.child
+        result = first_batch(path) if kind == "first" else delivery(path, args.batches, args.rounds)
+        print(json.dumps(result))
+        return 0
+
+    def child(kind: str, path: Path) -> dict:
+        command = [sys.executable, __file__, "--child", kind, str(path)]
+        command += ["--batches", str(args.batches), "--rounds", str(args.rounds)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    workdir = Path(args.workdir)
+    print("| sentences | shards | first batch (s) | driver peak RSS (MiB) |")
+    print("|---:|---:|---:|---:|")
+    for size in args.sizes:
+        path = write_shards(workdir, size)
+        result = child("first", path)
+        print(
+            f"| {size:,} | {-(-size // SHARD_ROWS)} | {result['first_batch_s']} | "
+            f"{result['driver_peak_rss_mb']} |"
+        )
+    result = child("delivery", write_shards(workdir, min(args.sizes)))
+    print(f"\ndelivery into one consumer, {min(args.sizes):,} sentences: {json.dumps(result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""No silent stall: a driver-side watchdog around `trainer.fit()`.
+
+A run that can never be scheduled shows the same picture every time: some task, actor or
+placement group of the job sits waiting for resources that never free (Ray Data read tasks
+behind Train workers that hold every CPU; a worker group waiting for nodes that never come),
+and Ray waits forever. Every `poll_s` the watchdog asks Ray what is waiting:
+- tasks in PENDING_NODE_ASSIGNMENT and actors in PENDING_CREATION of this job (Ray's state
+  API; needs the dashboard, which `ray start` and `ray job submit` clusters have);
+- placement groups in PENDING (Ray Train's worker group; from the GCS, always available);
+and remembers since when each has waited. When one has waited `train.stall_timeout_s`, the
+watchdog logs what waits, for which resources, and what the cluster has free, then aborts the
+run: it interrupts the driver's main thread (Ray Train's own Ctrl-C path, which stops the
+controller and frees the workers), and `run_training` raises `StallError` with that message.
+A slow but healthy run never trips it: its tasks wait seconds, not minutes, and a new task
+restarts no clock. Waiting that changes identity every few seconds is progress, not a stall.
+"""
+
+from __future__ import annotations
+
+import _thread
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# After the abort, how long the driver gets to unwind before the process exits on its own.
+ABORT_GRACE_S = 60.0
+
+
+class StallError(RuntimeError):
+    """The run waited `train.stall_timeout_s` for resources; the message names them."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    kind: str  # "task", "actor" or "placement group"
+    key: str  # its id
+    name: str
+    resources: dict
+
+
+def _fmt_resources(resources: dict) -> str:
+    # Placement-group-derived names (CPU_group_0_<id>) say the same as the plain one.
+    shown = {k: v for k, v in resources.items() if "_group_" not in k and v}
+    return ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items())) or "nothing"
+
+
+def pending_work(job_id: str | None, address: str | None) -> tuple[list[Waiting], str | None]:
+    """What waits for resources now; the second value says what could not be asked."""
+    import ray
+
+    found: list[Waiting] = []
+    problems = []
+    for pg_id, info in (ray.util.placement_group_table() or {}).items():
+        if info.get("state") == "PENDING":
+            total: dict = {}
+            for bundle in (info.get("bundles") or {}).values():
+                for k, v in bundle.items():
+                    total[k] = total.get(k, 0) + v
+            bundles = len(info.get("bundles") or {})
+            found.append(
+                Waiting(
+                    "placement group",
+                    pg_id,
+                    f"{info.get('name') or pg_id[:8]} ({bundles} bundles)",
+                    total,
+                )
+            )
+    try:
+        from ray.util.state import list_actors, list_tasks
+
+        filters = [("state", "=", "PENDING_NODE_ASSIGNMENT")]
+        if job_id:
+            filters.append(("job_id", "=", job_id))
+        for task in list_tasks(address=address, filters=filters, detail=True, limit=200):
+            found.append(
+                Waiting("task", task.task_id, task.name, dict(task.required_resources or {}))
+            )
+        filters = [("state", "=", "PENDING_CREATION")]
+        if job_id:
+            filters.append(("job_id", "=", job_id))
+        for actor in list_actors(address=address, filters=filters, detail=True, limit=200):
+            resources = dict(getattr(actor, "required_resources", None) or {})
+            found.append(Waiting("actor", actor.actor_id, actor.class_name, resources))
+    except Exception as error:  # no dashboard (a local Ray started without it), timeouts
+        problems.append(f"Ray's state API did not answer ({type(error).__name__}: {error})")
+    return found, "; ".join(problems) or None
+
+
+class StallWatchdog:
+    """`with StallWatchdog(timeout_s): trainer.fit()`; then `check()` raises StallError if it
+    fired. `probe` (tests) replaces `pending_work`."""
+
+    def __init__(
+        self,
+        timeout_s: float | None,
+        poll_s: float | None = None,
+        probe=None,
+        hint: str = "",
+        interrupt=_thread.interrupt_main,
+    ):
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s or max(0.5, min(10.0, (timeout_s or 0) / 6))
+        self.hint = hint
+        self._probe = probe
+        self._interrupt = interrupt
+        self._since: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: StallError | None = None
+
+    def __enter__(self) -> StallWatchdog:
+        if self.timeout_s is None:
+            return self
+        if self._probe is None:
+            import ray
+
+            context = ray.get_runtime_context()
+            job_id = context.get_job_id()
+            address = getattr(context, "gcs_address", None)
+            self._probe = lambda: pending_work(job_id, address)
+        self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.poll_s + 5)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        warned_probe = False
+        while not self._stop.wait(self.poll_s):
+            try:
+                waiting, problem = self._probe()
+            except Exception as error:  # never let the watchdog itself kill a healthy run
+                waiting, problem = [], f"{type(error).__name__}: {error}"
+            if problem and not warned_probe:
+                log.warning("stall watchdog: %s; watching placement groups only", problem)
+                warned_probe = True
+            now = time.monotonic()
+            keys = {(w.kind, w.key) for w in waiting}
+            # A clock per waiting thing: what was scheduled meanwhile restarts nothing.
+            self._since = {k: self._since.get(k, now) for k in keys}
+            stalled = [w for w in waiting if now - self._since[(w.kind, w.key)] >= self.timeout_s]
+            if stalled:
+                self._fire(waiting, now)
+                return
+
+    def _fire(self, waiting: list[Waiting], now: float) -> None:
+        groups: dict[tuple[str, str, str], list[float]] = {}
+        for w in waiting:
+            key = (w.kind, w.name, _fmt_resources(w.resources))
+            groups.setdefault(key, []).append(now - self._since[(w.kind, w.key)])
+        lines = [
+            f"  {len(ages)} {kind}{'s' if len(ages) > 1 else ''} {name!r} waiting for "
+            f"{{{resources}}} each, for {max(ages):.0f} s"
+            for (kind, name, resources), ages in sorted(groups.items())
+        ]
+        message = (
+            f"no progress: the run waited {self.timeout_s:g} s (train.stall_timeout_s) for "
+            "resources that never freed:\n" + "\n".join(lines) + "\n" + _free_now()
+        )
+        if self.hint:
+            message += "\n" + self.hint
+        self.error = StallError(message)
+        log.error("%s", message)
+        self._interrupt()
+        # If the driver does not unwind (a wait that ignores the interrupt), do not wait
+        # forever either: the job fails with the message above already logged.
+        if not self._stop.wait(ABORT_GRACE_S):
+            log.error("the run did not stop %g s after the stall; exiting", ABORT_GRACE_S)
+            logging.shutdown()
+            os._exit(3)
+
+
+def _free_now() -> str:
+    try:
+        import ray
+
+        total = ray.cluster_resources()
+        free = ray.available_resources()
+    except Exception:  # a test probe without Ray
+        return ""
+    shown = [
+        f"{key} {free.get(key, 0):g} of {total[key]:g} free"
+        for key in ("CPU", "GPU")
+        if total.get(key)
+    ]
+    return "  cluster now: " + ", ".join(shown) if shown else ""

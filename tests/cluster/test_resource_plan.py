@@ -1,0 +1,250 @@
+"""The resource plan (fit, lower, or fail naming the fix) and the stall watchdog, on the
+cluster shapes users have: a head with exactly the workers' CPUs, a 0-CPU head with worker
+nodes all taken by Train workers, a plan that can never fit, an autoscaling GPU cluster,
+Tune's concurrent trials and InfoCSE's annotation actors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.resource_plan import (
+    ClusterShape,
+    Extra,
+    Node,
+    PlanError,
+    check_training_plan,
+    cluster_from_ray,
+    compute_plan,
+    training_plan,
+)
+from distributed_emb.train.watchdog import StallError, StallWatchdog, Waiting
+
+
+def _config(*overrides: str) -> TrainingConfig:
+    return load_config(TrainingConfig, None, list(overrides))
+
+
+def test_head_with_exactly_the_workers_cpus_lowers_their_reservation_for_ray_data():
+    # 2-CPU head, 2 workers × 1 CPU: before the plan, Ray Data got 0 CPUs and waited forever.
+    plan = training_plan(_config(), ClusterShape([Node(2)]))
+
+    assert plan.fits_now and plan.problem is None
+    assert plan.worker_cpu == 0.5 and plan.lowered
+    assert plan.totals() == (2.0, 0.0)
+    table = plan.table()
+    assert "train.cpus_per_worker=1 lowered to leave Ray Data its share" in table
+    assert "Ray Data (read/clean/feed)" in table and table.endswith("fits")
+
+
+def test_a_cluster_with_room_keeps_the_asked_cpus():
+    plan = training_plan(_config(), ClusterShape([Node(4)]))
+
+    assert plan.fits_now and plan.worker_cpu == 1.0 and not plan.lowered
+
+
+def test_zero_cpu_head_with_worker_nodes_all_taken_packs_workers_to_free_a_whole_cpu():
+    # Head 0 CPU + 2 nodes × 1 CPU: each worker at 1 CPU leaves Ray Data nothing; at 0.5 both
+    # fit on one node and the other keeps a whole CPU for Ray Data's tasks.
+    plan = training_plan(_config(), ClusterShape([Node(0), Node(1), Node(1)]))
+
+    assert plan.fits_now and plan.worker_cpu == 0.5
+
+
+def test_zero_cpu_head_with_one_cpu_per_worker_and_lowering_off_fails_naming_the_fix():
+    plan = training_plan(
+        _config("train.lower_cpus_to_fit=false"), ClusterShape([Node(0), Node(1), Node(1)])
+    )
+
+    assert not plan.fits_now
+    assert "2 Train workers × 1 CPU + Ray Data 1 CPU = 3 CPU" in plan.problem
+    assert "this cluster has 2 CPU on 3 nodes" in plan.problem
+    assert "train.num_workers=1" in plan.problem
+    assert "train.cpus_per_worker=0.5 (or train.lower_cpus_to_fit=true)" in plan.problem
+
+
+def test_a_plan_that_can_never_fit_names_the_numbers_and_the_smallest_fixes():
+    plan = training_plan(_config("train.num_workers=8"), ClusterShape([Node(2)]))
+
+    assert plan.problem is not None and not plan.fits_now
+    assert plan.problem.startswith(
+        "8 Train workers × 1 CPU + Ray Data 1 CPU = 9 CPU; this cluster has 2 CPU on 1 node"
+    )
+    assert "train.num_workers=1" in plan.problem
+    assert "7 more CPU" in plan.problem
+    assert "does not fit:" in plan.table()
+
+
+def test_gpu_workers_on_a_cpu_only_fixed_cluster_cannot_fit():
+    plan = training_plan(_config("train.use_gpu=true"), ClusterShape([Node(16)]))
+
+    assert "2 GPU" in plan.problem and "2 more GPU" in plan.problem
+
+
+def test_autoscaling_cluster_that_fits_once_nodes_are_added_waits_instead_of_failing():
+    # cluster/aws.yaml's shape: a CPU head, GPU workers added on demand.
+    cluster = ClusterShape([Node(8)], [("gpu_worker", Node(8, 1), 4)])
+    plan = training_plan(
+        _config("train.num_workers=4", "train.use_gpu=true", "train.cpus_per_worker=4"), cluster
+    )
+
+    assert plan.needs_nodes and not plan.fits_now and plan.problem is None
+    assert "fits once the autoscaler adds nodes" in plan.table()
+    assert "autoscaling: gpu_worker ≤4 × 8 CPU/1 GPU" in plan.table()
+
+
+def test_autoscaling_cluster_too_small_even_at_its_maximum_fails_now():
+    cluster = ClusterShape([Node(8)], [("gpu_worker", Node(8, 1), 2)])
+    plan = training_plan(_config("train.num_workers=4", "train.use_gpu=true"), cluster)
+
+    assert "even with every node the autoscaler may add" in plan.problem
+    assert "train.num_workers=2" in plan.problem
+
+
+def test_tune_trial_drivers_are_part_of_the_plan():
+    drivers = [Extra("Tune trial drivers", 2, 0.01)]
+    # 2 concurrent trials × 2 workers on 4 CPUs: each worker lowered so that both trials,
+    # their drivers and Ray Data's CPU fit.
+    plan = compute_plan(ClusterShape([Node(4)]), 4, 1.0, False, 1.0, extras=drivers)
+
+    assert plan.fits_now and plan.worker_cpu == 0.7
+    assert "Tune trial drivers" in plan.table()
+
+
+def test_annotation_actors_that_take_every_cpu_fail_naming_them():
+    actors = [Extra("annotation actors", 2, 1.0)]
+    plan = compute_plan(ClusterShape([Node(2)]), 0, 1.0, False, 1.0, extras=actors)
+
+    assert "+ 2 CPU for annotation actors = 3 CPU" in plan.problem
+
+
+def test_new_keys_are_validated_naming_the_key():
+    with pytest.raises(ConfigError, match=r"train.data_cpus: must be >= 1"):
+        _config("train.data_cpus=0.5")
+    with pytest.raises(ConfigError, match=r"train.stall_timeout_s: must be > 0 or null"):
+        _config("train.stall_timeout_s=0")
+
+
+# ---------------------------------------------------------------------------------------------
+# The watchdog, with an injected stall
+# ---------------------------------------------------------------------------------------------
+
+
+def test_watchdog_fails_a_stalled_run_naming_what_waits_and_for_which_resources():
+    read = Waiting("task", "t1", "ReadCorpus->SplitBlocks(4)", {"CPU": 1.0})
+    interrupted = threading.Event()
+    watchdog = StallWatchdog(
+        0.3, poll_s=0.05, probe=lambda: ([read], None), interrupt=interrupted.set, hint="fix: X"
+    )
+    with watchdog:
+        assert interrupted.wait(30)
+
+    with pytest.raises(StallError) as stalled:
+        watchdog.check()
+    message = str(stalled.value)
+    assert "waited 0.3 s (train.stall_timeout_s)" in message
+    assert "1 task 'ReadCorpus->SplitBlocks(4)' waiting for {CPU: 1} each" in message
+    assert message.endswith("fix: X")
+
+
+def test_watchdog_leaves_a_run_whose_waits_come_and_go_alone():
+    # A new task every poll: something is always pending, nothing waits long. Not a stall.
+    counter = iter(range(10**6))
+    polls = threading.Event()
+    seen = []
+
+    def probe():
+        seen.append(1)
+        if len(seen) > 20:
+            polls.set()
+        return [Waiting("task", f"t{next(counter)}", "Map", {"CPU": 1.0})], None
+
+    watchdog = StallWatchdog(0.3, poll_s=0.02, probe=probe, interrupt=pytest.fail)
+    with watchdog:
+        assert polls.wait(30)
+    watchdog.check()
+
+
+# ---------------------------------------------------------------------------------------------
+# On real Ray clusters (ray.cluster_utils.Cluster: loopback, its own ports)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    made = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "object_store_memory": 80 * 1024**2},
+    )
+    yield made
+    ray.shutdown()
+    made.shutdown()
+
+
+@pytest.mark.ray
+def test_zero_cpu_head_plus_worker_nodes_seen_from_ray(cluster):
+    import ray
+
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+
+    shape = cluster_from_ray()
+    assert sorted(n.cpu for n in shape.nodes) == [0, 1, 1] and not shape.autoscaling
+    plan = check_training_plan(_config())
+    assert plan.worker_cpu == 0.5
+    with pytest.raises(PlanError, match=r"9 CPU; this cluster has 2 CPU on 3 nodes"):
+        check_training_plan(_config("train.num_workers=8"))
+
+
+@pytest.mark.ray
+def test_never_fitting_run_fails_before_ray_train_starts(cluster, tmp_path, monkeypatch):
+    import ray
+
+    from distributed_emb.train import trainer
+
+    cluster.add_node(num_cpus=2, object_store_memory=80 * 1024**2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    built = []
+    monkeypatch.setattr(trainer, "build_trainer", lambda *a, **k: built.append(a))
+
+    class Rows:
+        def count(self):
+            return 64
+
+    config = _config("train.num_workers=8", "train.max_steps=2", f"output.dir={tmp_path}")
+    with pytest.raises(PlanError, match=r"train.num_workers=1"):
+        trainer.run_training(config, dataset=Rows())
+    assert built == []
+
+
+@pytest.mark.ray
+def test_watchdog_names_a_worker_group_that_can_never_be_placed(cluster):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    cluster.add_node(num_cpus=2, object_store_memory=80 * 1024**2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    # What Ray Train asks for 4 workers × 1 CPU, on a 2-CPU cluster.
+    group = placement_group([{"CPU": 1.0}] * 4, name="train-workers")
+    interrupted = threading.Event()
+    try:
+        with StallWatchdog(1.0, poll_s=0.2, interrupt=interrupted.set) as watchdog:
+            assert interrupted.wait(60)
+    finally:
+        remove_placement_group(group)
+
+    with pytest.raises(StallError) as stalled:
+        watchdog.check()
+    message = str(stalled.value)
+    assert "placement group 'train-workers (4 bundles)' waiting for {CPU: 4}" in message
+    assert "cluster now: CPU 2 of 2 free" in message
