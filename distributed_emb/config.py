@@ -416,6 +416,10 @@ class DataConfig:
     # corpora have no global order to permute); None: file order.
     shuffle_seed: int | None = 0
     shuffle_buffer_rows: int = 10_000
+    # Where text becomes token ids: "ray_data" in a Ray Data stage on the cluster's CPUs (what
+    # GPUs need: data/tokenize.py), "worker" in each Train worker, "auto" = ray_data on GPU runs.
+    tokenize_in: typing.Literal["auto", "worker", "ray_data"] = "auto"
+    tokenize_batch_rows: int = 1024  # rows per tokenising task call
     # > 1: sort each pool of this many batches by token length before batching (less padding,
     # see data/collate.py LengthGroupedCollator and docs/BENCHMARKS.md); 0 or 1: random batches.
     length_group_batches: int = 0
@@ -588,6 +592,7 @@ class TrainingConfig:
         require_range(d.block_rows, "data.block_rows", 1)
         require_range(d.dedup_partitions, "data.dedup_partitions", 1)
         require_range(d.shuffle_buffer_rows, "data.shuffle_buffer_rows", 0)
+        require_range(d.tokenize_batch_rows, "data.tokenize_batch_rows", 1)
         require_range(lo.temperature, "loss.temperature", 0, low_open=True)
         require_range(lo.reconstruction_weight, "loss.reconstruction_weight", 0)
         require_range(lo.mlm_weight, "loss.mlm_weight", 0)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from distributed_emb.data.readers import ROW_ID
+from distributed_emb.data.tokenize import IDS_SUFFIX, TRUNCATED_SUFFIX
 
 try:  # Ray ≥ 2.47 wants a collate class; the collator also works as a plain callable.
     from ray.data.collate_fn import NumpyBatchCollateFn as _CollateBase
@@ -50,20 +51,18 @@ class ContrastiveCollator(_CollateBase):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         if self.kind == "sentences":
-            texts = [str(t) for t in batch[self.text_column]]
-            encoded = self._tokenize(texts)
+            encoded = self._encode(batch, [self.text_column])
             first = {k: encoded[k] for k in ("input_ids", "attention_mask")}
             out = {k: torch.cat([v, v]) for k, v in first.items()}  # (2B, L): same text twice
         else:
-            anchors = [str(t) for t in batch[self.anchor_column]]
-            positives = [str(t) for t in batch[self.positive_column]]
-            encoded = self._tokenize(anchors + positives)
-            first = {k: encoded[k][: len(anchors)] for k in ("input_ids", "attention_mask")}
+            encoded = self._encode(batch, [self.anchor_column, self.positive_column])
+            rows = len(encoded["input_ids"]) // 2
+            first = {k: encoded[k][:rows] for k in ("input_ids", "attention_mask")}
             out = {k: encoded[k] for k in ("input_ids", "attention_mask")}
         out["num_truncated"] = encoded["num_truncated"]
         out["num_real_tokens"] = out["attention_mask"].sum()
         if ROW_ID in batch:  # which corpus rows this batch trained on (exact resume)
-            out["row_ids"] = torch.as_tensor(np.asarray(batch[ROW_ID], dtype=np.int64))
+            out["row_ids"] = torch.tensor(np.array(batch[ROW_ID], dtype=np.int64))
         if self.group_column is not None:
             out["groups"] = torch.as_tensor(_group_ids(batch[self.group_column]), dtype=torch.long)
         if self.mlm_probability:
@@ -78,6 +77,8 @@ class ContrastiveCollator(_CollateBase):
             if self.kind == "sentences"
             else [self.anchor_column, self.positive_column]
         )
+        if all(column + IDS_SUFFIX in batch for column in columns):
+            return np.max([[len(ids) for ids in batch[c + IDS_SUFFIX]] for c in columns], axis=0)
         per_column = [
             [
                 len(ids)
@@ -90,6 +91,28 @@ class ContrastiveCollator(_CollateBase):
             for column in columns
         ]
         return np.max(np.array(per_column), axis=0)
+
+    def _encode(self, batch: dict[str, np.ndarray], columns: list[str]) -> dict[str, torch.Tensor]:
+        """The columns' rows, one after the other, padded to one length: tokenised here, or
+        only padded when Ray Data tokenised them already (data/tokenize.py)."""
+        if all(column + IDS_SUFFIX in batch for column in columns):
+            ids = [list(row) for column in columns for row in batch[column + IDS_SUFFIX]]
+            truncated = sum(int(np.sum(batch[column + TRUNCATED_SUFFIX])) for column in columns)
+            return self._pad(ids, truncated)
+        return self._tokenize([str(t) for column in columns for t in batch[column]])
+
+    def _pad(self, ids: list[list[int]], truncated: int) -> dict[str, torch.Tensor]:
+        length = max(len(row) for row in ids)
+        input_ids = torch.full((len(ids), length), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(ids), length), dtype=torch.long)
+        for index, row in enumerate(ids):
+            input_ids[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            attention_mask[index, : len(row)] = 1
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "num_truncated": torch.tensor(truncated),
+        }
 
     def _tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
         encoded = self.tokenizer(

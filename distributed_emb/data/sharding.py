@@ -33,7 +33,15 @@ def select_rank(block: pa.Table, rank: int, world_size: int) -> pa.Table:
 
 
 class RowShardedDataConfig(DataConfig):
-    """Rank r's iterator streams exactly the rows with rank_of_rows(id) == r."""
+    """Rank r's iterator streams exactly the rows with rank_of_rows(id) == r.
+
+    `per_rank_stage`: map_batches arguments ({"fn": ..., "fn_kwargs": ..., ...}) of a stage run
+    on each rank's rows after the selection, e.g. tokenisation (data/tokenize.py): work done
+    once per row, on the cluster's CPUs."""
+
+    def __init__(self, *args, per_rank_stage: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.per_rank_stage = per_rank_stage
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
         output = [{} for _ in range(world_size)]
@@ -45,6 +53,9 @@ class RowShardedDataConfig(DataConfig):
                     batch_size=None,
                     batch_format="pyarrow",
                 )
+                if self.per_rank_stage is not None:
+                    stage = dict(self.per_rank_stage)
+                    shard = shard.map_batches(stage.pop("fn"), **stage)
                 shard.context.execution_options = self._resolve_execution_options(name)
                 output[rank][name] = shard.iterator()
         return output

@@ -54,6 +54,11 @@ IGNORED_KEYS = (
     "train.max_failures",
     "train.checkpoint_steps",
     "train.deepspeed.trust_checkpoints",
+    "train.data_cpus",  # where work runs, not what is computed
+    "train.lower_cpus_to_fit",
+    "train.stall_timeout_s",
+    "data.tokenize_in",  # the same token ids either way (tests/data/test_tokenize.py)
+    "data.tokenize_batch_rows",
     "eval.batch_size",
     "eval.test_after_training",
 )

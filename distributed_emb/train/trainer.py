@@ -17,6 +17,7 @@ from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.data.sharding import RowShardedDataConfig
+from distributed_emb.data.tokenize import tokenize_stage
 from distributed_emb.model.model_card import finalize_export
 from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
@@ -72,7 +73,7 @@ def build_trainer(
         ),
         datasets={"train": dataset},
         # A fixed shard per rank (by row id), so a resumed epoch skips exactly what it trained.
-        dataset_config=RowShardedDataConfig(),
+        dataset_config=RowShardedDataConfig(per_rank_stage=tokenize_stage(config)),
     )
 
 

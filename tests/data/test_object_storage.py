@@ -47,6 +47,7 @@ def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
             "eval.eval_steps=2",
             f"output.storage_path={bucket}/runs",
             "output.run_name=s3-run",
+            "data.tokenize_in=ray_data",  # token ids made by a Ray Data stage
             f"output.dir={tmp_path / 'run'}",
         ],
     )
