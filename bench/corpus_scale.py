@@ -38,7 +38,7 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def write_shards(directory: Path, rows: int) -> Path:
+def write_shards(directory: Path, rows: int, shard_rows: int = SHARD_ROWS) -> Path:
     """Parquet shards of distinct sentences (cached: reused when already there)."""
     import numpy as np
     import pyarrow as pa
@@ -47,15 +47,15 @@ def write_shards(directory: Path, rows: int) -> Path:
 
     from distributed_emb.paths import shipped_corpus
 
-    target = directory / f"{rows}"
-    shards = -(-rows // SHARD_ROWS)
+    target = directory / (f"{rows}" if shard_rows == SHARD_ROWS else f"{rows}_by_{shard_rows}")
+    shards = -(-rows // shard_rows)
     if target.is_dir() and len(list(target.glob("*.parquet"))) == shards:
         return target
     target.mkdir(parents=True, exist_ok=True)
     base = pa.array(open(shipped_corpus("wiki_sentences.txt")).read().splitlines())
     for shard in range(shards):
-        count = min(SHARD_ROWS, rows - shard * SHARD_ROWS)
-        index = np.arange(shard * SHARD_ROWS, shard * SHARD_ROWS + count)
+        count = min(shard_rows, rows - shard * shard_rows)
+        index = np.arange(shard * shard_rows, shard * shard_rows + count)
         texts = pc.binary_join_element_wise(
             base.take(pa.array(index % len(base))), pa.array(index.astype(str)), " #"
         )

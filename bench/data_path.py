@@ -72,3 +72,126 @@ def time_data_path(
         collate({"text": np.array(texts[start : start + batch_size], dtype=object)})
     tokenise = (len(texts) // batch_size * batch_size) / (time.perf_counter() - started)
     return DataPathTiming(rows, read_s, first_batch_s, iterate, tokenise)
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery into one consumer with tokenisation in Ray Data (data.tokenize_in=ray_data)
+#
+#     python bench/data_path.py --json [--corpus DIR_OF_PARQUET] [--data-cpus 1 2]
+#
+# A Train worker's view of the stream: rank 0 of 1 takes its shard through the tokenising
+# stage (data/tokenize.py) on `data_cpus` Ray CPUs, then the worker-side batcher and the
+# collator's padding; each setting runs in a fresh process with its own Ray. Against it: the
+# collator tokenising in-memory text on one thread (what the worker's one iterator thread
+# could deliver).
+# ---------------------------------------------------------------------------------------------
+
+
+def collate_one_thread_per_s(path: str, model_path: str, rows: int, batch_size: int, max_len: int):
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from distributed_emb.data.collate import ContrastiveCollator
+    from distributed_emb.data.sources import resolve_sources
+
+    first = resolve_sources(path).files[0].path
+    texts = pq.read_table(first, columns=["text"]).column("text").to_pylist()[:rows]
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), max_len)
+    started = time.perf_counter()
+    for start in range(0, len(texts) - batch_size + 1, batch_size):
+        collate({"text": np.array(texts[start : start + batch_size], dtype=object)})
+    return (len(texts) // batch_size * batch_size) / (time.perf_counter() - started)
+
+
+def delivered_per_s(
+    path: str, model_path: str, data_cpus: int, batches: int, batch_size: int, max_len: int
+) -> float:
+    import ray
+    from transformers import AutoTokenizer
+
+    from distributed_emb.config import DataConfig
+    from distributed_emb.data.collate import ContrastiveCollator
+    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+    from distributed_emb.data.epoch_stream import epoch_batches
+    from distributed_emb.data.sharding import RowShardedDataConfig
+    from distributed_emb.data.tokenize import tokenize_columns
+
+    ray.init(num_cpus=data_cpus, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    stage = {
+        "fn": tokenize_columns,
+        "fn_kwargs": {"tokenizer_path": model_path, "max_seq_length": max_len, "columns": ["text"]},
+        "batch_size": 1024,
+        "batch_format": "pyarrow",
+    }
+    dataset = training_dataset(DataConfig(path=path), start_drop_counter())
+    shard = RowShardedDataConfig(per_rank_stage=stage).configure({"train": dataset}, 1, None, None)
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), max_len)
+    stream = epoch_batches(shard[0]["train"], batch_size, 10_000, seed=0)
+    for _ in range(5):  # start-up excluded: the steady rate
+        collate(next(stream))
+    started = time.perf_counter()
+    for _ in range(batches):
+        collate(next(stream))
+    return batches * batch_size / (time.perf_counter() - started)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import os
+    import subprocess
+    import sys
+
+    parser = argparse.ArgumentParser(description="delivery rate of the tokenising data path")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--corpus", default=None, help="Parquet corpus (default: 1M in 8 shards)")
+    parser.add_argument("--model", default=None, help="tokenizer (default: packaged MiniLM)")
+    parser.add_argument("--data-cpus", type=int, nargs="+", default=None)
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=32)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread means one thread
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from distributed_emb.paths import default_model_path
+
+    model = args.model or default_model_path()
+    if args.corpus is None:
+        from bench.corpus_scale import write_shards
+
+        args.corpus = str(
+            write_shards(__import__("pathlib").Path("/tmp/distributed_emb_corpus_scale"), 1_000_000)
+        )
+    if args.child is not None:
+        rate = delivered_per_s(
+            args.corpus, model, args.child, args.batches, args.batch_size, args.max_len
+        )
+        print(json.dumps(rate))
+        return 0
+    cpus = args.data_cpus or sorted({1, os.cpu_count() or 1})
+    delivered = {}
+    for n in cpus:
+        command = [sys.executable, __file__, "--child", str(n), "--corpus", args.corpus]
+        command += ["--model", model, "--batches", str(args.batches)]
+        command += ["--batch-size", str(args.batch_size), "--max-len", str(args.max_len)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        delivered[n] = json.loads(done.stdout.strip().splitlines()[-1])
+    one_thread = collate_one_thread_per_s(
+        args.corpus, model, args.batches * args.batch_size, args.batch_size, args.max_len
+    )
+    every_cpu = max(cpus)
+    result = {
+        "delivered_per_s": round(delivered[every_cpu]),
+        "collate_one_thread_per_s": round(one_thread),
+        "data_cpus": every_cpu,
+        "delivered_by_data_cpus": {str(k): round(v) for k, v in delivered.items()},
+        "ratio": round(delivered[every_cpu] / one_thread, 2),
+    }
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -47,6 +47,7 @@ RAY_CLI = str(Path(sys.executable).with_name("ray"))
 AUTH_ENV_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 WORKER_TYPE = "cpu_worker"  # stands for aws.yaml's gpu_1x_* types
 HEAD_TYPE = "ray.head.default"  # the name the fake provider gives its head
+FAKE_HEAD_NODE_ID = "f" * 51 + "00000"  # the fake provider's head node id (node_provider.py)
 # Where `python tests/cluster_fixture.py up` records what `down` must stop.
 STATE_FILE = Path(tempfile.gettempdir()) / "distributed_emb_cluster.json"
 
@@ -128,7 +129,11 @@ def free_ports(count: int) -> list[int]:
 
 
 def autoscaling_config(
-    gcs_address: str, worker_cpus: float, max_workers: int, idle_timeout_minutes: float
+    gcs_address: str,
+    worker_cpus: float,
+    max_workers: int,
+    idle_timeout_minutes: float,
+    autoscaler_v2: bool = True,
 ) -> dict:
     """The whole launcher config for Ray's fake multi-node provider (the keys Ray's own
     fake_multi_node/example.yaml has; the schema check refuses a config missing any)."""
@@ -142,6 +147,9 @@ def autoscaling_config(
             "disable_launch_config_check": True,
             # Without it the fake nodes dial GCS on 6379 and never join.
             "gcs_address": gcs_address,
+            # Autoscaler v2 (as AutoscalingCluster(autoscaler_v2=True) sets it up): it starts
+            # the nodes it was asked for at once, and knows the head by this fixed id.
+            **({"launch_multiple": True, "head_node_id": FAKE_HEAD_NODE_ID} if autoscaler_v2 else {}),
         },
         "available_node_types": {
             # As in aws.yaml: the head offers no training resources.
@@ -178,6 +186,7 @@ def start_cluster(
     idle_timeout_minutes: float = 0.2,
     token: str | None = None,
     startup_timeout_s: float = 180,
+    autoscaler_v2: bool = True,
 ) -> LocalCluster:
     """Start the head (its autoscaler starts worker nodes on demand); return once the job API
     answers. Stop it with `stop_cluster`, also when this raises."""
@@ -194,7 +203,9 @@ def start_cluster(
     config_path = Path(temp_dir) / "autoscaling.yaml"
     config_path.write_text(
         yaml.safe_dump(
-            autoscaling_config(gcs_address, worker_cpus, max_workers, idle_timeout_minutes)
+            autoscaling_config(
+                gcs_address, worker_cpus, max_workers, idle_timeout_minutes, autoscaler_v2
+            )
         )
     )
     cluster = LocalCluster(
@@ -208,6 +219,16 @@ def start_cluster(
     env = cluster.client_env()
     # The fake provider refuses to run without it; the autoscaler's default period is 5 s.
     env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
+    if autoscaler_v2:
+        # v2 publishes the node types to the GCS (state.get_cluster_config()), which is how a
+        # job (Ray Data, our resource plan) learns that the cluster can grow.
+        env.update(
+            {
+                "RAY_enable_autoscaler_v2": "1",
+                "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
+                "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
+            }
+        )
     agent_http, agent_grpc, runtime_env_port, metrics, node_manager, object_manager = more
     command = [
         RAY_CLI,

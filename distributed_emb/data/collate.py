@@ -96,21 +96,20 @@ class ContrastiveCollator(_CollateBase):
         """The columns' rows, one after the other, padded to one length: tokenised here, or
         only padded when Ray Data tokenised them already (data/tokenize.py)."""
         if all(column + IDS_SUFFIX in batch for column in columns):
-            ids = [list(row) for column in columns for row in batch[column + IDS_SUFFIX]]
+            ids = [row for column in columns for row in batch[column + IDS_SUFFIX]]
             truncated = sum(int(np.sum(batch[column + TRUNCATED_SUFFIX])) for column in columns)
             return self._pad(ids, truncated)
         return self._tokenize([str(t) for column in columns for t in batch[column]])
 
-    def _pad(self, ids: list[list[int]], truncated: int) -> dict[str, torch.Tensor]:
-        length = max(len(row) for row in ids)
-        input_ids = torch.full((len(ids), length), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(ids), length), dtype=torch.long)
-        for index, row in enumerate(ids):
-            input_ids[index, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-            attention_mask[index, : len(row)] = 1
+    def _pad(self, ids: list, truncated: int) -> dict[str, torch.Tensor]:
+        """Right-pad token-id rows into (n, longest) tensors, without a Python loop per row."""
+        lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
+        mask = np.arange(lengths.max()) < lengths[:, None]  # (n, L)
+        input_ids = np.full(mask.shape, self.tokenizer.pad_token_id, dtype=np.int64)
+        input_ids[mask] = np.concatenate(ids)
         return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(mask.astype(np.int64)),
             "num_truncated": torch.tensor(truncated),
         }
 
