@@ -21,6 +21,8 @@ import yaml
 
 from distributed_emb.config import ConfigError, TrainingConfig, load_config, to_dict
 from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
+from distributed_emb.data.corpus import check_small_corpus
+from distributed_emb.data.sources import CorpusError
 from distributed_emb.train.run_identity import RunIdentityError, prepare_run
 
 log = logging.getLogger("distributed_emb")
@@ -127,6 +129,10 @@ def parse_training_args(
         prepare_run(config, dry_run=True)
     except RunIdentityError as error:
         parser.exit(2, f"error: {error}\n")
+    try:
+        check_small_corpus(config)  # a local corpus too small for one step, before Ray starts
+    except CorpusError as error:
+        parser.exit(2, f"corpus error: {error}\n")
     if args.plan:
         parser.exit(print_plan(config))
     setup_logging(config.output.dir)

@@ -34,7 +34,7 @@ from distributed_emb.data.readers import (
     corpus_datasource,
     iter_parsed_blocks,
 )
-from distributed_emb.data.sources import CorpusError, resolve_sources
+from distributed_emb.data.sources import CorpusError, is_hub_name, is_remote, resolve_sources
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,39 @@ def training_dataset(data_config, counter):
     if data_config.max_rows is not None:
         dataset = dataset.limit(data_config.max_rows)
     return dataset
+
+
+SMALL_CORPUS_BYTES = 64 * 1024**2
+
+
+def check_small_corpus(config) -> None:
+    """A local corpus small enough to count in a second or two is counted before Ray starts,
+    so one that cannot fill a single step fails at once instead of inside the Train workers.
+    Larger or remote corpora are not read here (no driver pass): the workers' loop says the
+    same if the stream runs dry before the first step."""
+    data = config.data
+    path = corpus_path(data)
+    specs = [path] if isinstance(path, str) else list(path)
+    if any(is_remote(spec) or is_hub_name(spec) for spec in specs):
+        return
+    files = resolve_sources(specs, data.hf_split)
+    if files.total_bytes > SMALL_CORPUS_BYTES:
+        return
+    rules = text_rules(data)
+    rows, report = read_rows(
+        specs, rules.columns, rules.group_column, data.hf_split, data.deduplicate,
+        data.max_rows, data.max_chars,
+    )  # fmt: skip
+    train = config.train
+    per_step = train.num_workers * train.batch_size * train.gradient_accumulation_steps
+    kept = len(rows[rules.fields[0]])
+    if kept < per_step:
+        raise CorpusError(
+            f"{path}: {kept} usable rows cannot fill one step of {per_step} (train.num_workers "
+            f"{train.num_workers} × train.batch_size {train.batch_size} × "
+            f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}); "
+            f"{report.summary()}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,3 +109,18 @@ def test_shipped_wikipedia_corpus_is_clean():
 
     rows, report = read_rows(shipped_corpus("wiki_sentences.txt"))
     assert report.kept == 17891 and not report.dropped
+
+
+def test_a_local_corpus_too_small_for_one_step_fails_before_ray(tmp_path, capsys):
+    from distributed_emb.cli import parse_training_args
+
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text("One.\nTwo.\n\nThree.\n")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_training_args(
+            [f"data.path={corpus}", "--output", str(tmp_path / "out")], None, "test"
+        )
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{corpus}: 3 usable rows cannot fill one step of 64" in error
+    assert "empty=1" in error
