@@ -20,9 +20,9 @@ from pathlib import Path
 import yaml
 
 from distributed_emb.config import ConfigError, TrainingConfig, load_config, to_dict
-from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.data.sources import CorpusError
+from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
 from distributed_emb.train.run_identity import RunIdentityError, prepare_run
 
 log = logging.getLogger("distributed_emb")
