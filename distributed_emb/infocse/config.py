@@ -25,6 +25,11 @@ class RoundsConfig:
     patience: int = 2
     min_improvement: float = 0.0  # Spearman points a round must gain to count as better
     retrieval_threshold: float = 4.0  # STS-B dev pairs scored ≥ this form the retrieval dev set
+    # Order each round's mined pairs so batches spread over documents (fewer same-document
+    # negatives to mask). This collects the pairs on the driver; false trains straight from
+    # the annotation's Parquet shards as a stream (same-document negatives are still masked),
+    # for corpora whose pairs do not fit one process.
+    arrange_pairs: bool = True
 
 
 @dataclass

@@ -101,6 +101,7 @@ def _train(
     pairs_path: str,
     output_dir: str,
     overrides: dict | None = None,
+    shuffle: bool = False,
 ):
     """One core-trainer run on a pairs Parquet file, starting from `model_dir`."""
     from distributed_emb.train.trainer import run_training
@@ -110,7 +111,8 @@ def _train(
     training.data.path = pairs_path
     training.data.kind = "pairs"
     training.data.group_column = "doc_id"
-    training.data.shuffle_seed = None  # keep the document-spreading arrangement
+    # Arranged pairs keep their document-spreading order; streamed shards are shuffled.
+    training.data.shuffle_seed = training.train.seed if shuffle else None
     training.output.dir = output_dir
     # One Ray Train run per round and stage ("<name>-round_2-train"): with a shared
     # output.storage_path, a round must never find (and resume) another round's checkpoints.
@@ -193,17 +195,23 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
         annotation = annotate_documents(
             corpus.dataset, current_model, str(round_dir / "pairs"), index, annotation_config
         )
-        pairs_file = round_dir / "pairs_arranged.parquet"
-        pairs, _ = _arranged_pairs_file(
-            str(round_dir / "pairs"),
-            config.training.train.batch_size,
-            config.training.train.seed + index,
-            pairs_file,
-        )
-        overlap = (
-            pair_overlap(previous_pairs, pairs).jaccard if previous_pairs is not None else None
-        )
-        result = _train(config, current_model, str(pairs_file), str(round_dir / "train"))
+        pairs, overlap = None, None
+        if config.rounds.arrange_pairs:
+            pairs_path = round_dir / "pairs_arranged.parquet"
+            pairs, _ = _arranged_pairs_file(
+                str(round_dir / "pairs"),
+                config.training.train.batch_size,
+                config.training.train.seed + index,
+                pairs_path,
+            )
+            if previous_pairs is not None:
+                overlap = pair_overlap(previous_pairs, pairs).jaccard
+        else:
+            pairs_path = round_dir / "pairs"  # the annotation's Parquet shards, streamed
+        result = _train(
+            config, current_model, str(pairs_path), str(round_dir / "train"),
+            shuffle=not config.rounds.arrange_pairs,
+        )  # fmt: skip
         record = RoundRecord(
             index,
             "infocse",

@@ -89,3 +89,29 @@ def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_
     assert (
         _with_fixed_length(AnnotationConfig(max_seq_length=20), str(initial)).max_seq_length == 20
     )
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_round_can_stream_its_pairs_straight_from_the_annotation_shards(
+    ray_local, tmp_path, tiny_bert_path, shared_data_dir
+):
+    """rounds.arrange_pairs=false: no driver pass over the pairs; training reads the Parquet
+    shards the annotation actors wrote."""
+    import pyarrow.parquet as pq
+
+    from distributed_emb.infocse.rounds import run_rounds
+
+    config = _config(
+        tmp_path,
+        tiny_bert_path,
+        shared_data_dir,
+        ["rounds.max_rounds=1", "rounds.arrange_pairs=false"],
+    )
+    records = run_rounds(config)
+    shards = sorted((tmp_path / "out" / "round_1" / "pairs").glob("*.parquet"))
+    assert shards and not (tmp_path / "out" / "round_1" / "pairs_arranged.parquet").exists()
+    mined = sum(pq.ParquetFile(shard).metadata.num_rows for shard in shards)
+    assert records[1].pairs == mined and records[1].train_steps == 2
+    metrics = json.loads((tmp_path / "out" / "round_1" / "train" / "metrics.json").read_text())
+    assert 0 < metrics["corpus"]["kept"] <= mined  # rows streamed from the shards
