@@ -78,11 +78,12 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     """One TorchTrainer fit (Ray must be running); steady-state numbers from its windows."""
     from distributed_emb.data.corpus import start_drop_counter, training_dataset
     from distributed_emb.train.checkpointing import STATE_FILE, LoopState
-    from distributed_emb.train.trainer import build_trainer, count_rows
+    from distributed_emb.train.trainer import build_trainer, count_rows, planned_worker_cpus
 
     started = time.perf_counter()
     dataset = training_dataset(config.data, start_drop_counter())
-    trainer = build_trainer(config, dataset, count_rows(config, dataset), run_name="bench")
+    rows = count_rows(config, dataset)
+    trainer = build_trainer(config, dataset, rows, run_name="bench", **planned_worker_cpus(config))
     result = trainer.fit()
     if result.error is not None:
         raise result.error

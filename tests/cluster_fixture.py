@@ -19,6 +19,17 @@ itself, gives the head its own temp dir and ports, and stops the cluster by proc
 every process whose command line names its temp dir or GCS address, plus all their
 descendants (Ray retitles its agents, `ray::DashboardAgent`, so their command lines name
 neither; the fake nodes are children of the autoscaler process).
+
+Autoscaler v1 (what `ray start --autoscaling-config` runs unless RAY_enable_autoscaler_v2 is
+set, as in cluster/aws.yaml's head command): v2 fills in the fake provider's defaults from the
+example.yaml the wheel lacks, and its monitor exits with FileNotFoundError. v1 does not
+publish the node types to the GCS (`ray._private.state.state.get_cluster_config()` is None).
+
+Unlike cloud nodes, fake nodes share the head's session directory, `runtime_resources`
+(unpacked `--working-dir` packages) included. Seen once: a node scaled down while the job's
+driver was still exporting, and the driver's working directory (that package) vanished
+(FileNotFoundError from os.getcwd). Keep `idle_timeout_minutes` longer than any phase in
+which a job leaves the worker nodes idle.
 """
 
 from __future__ import annotations
@@ -47,7 +58,6 @@ RAY_CLI = str(Path(sys.executable).with_name("ray"))
 AUTH_ENV_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 WORKER_TYPE = "cpu_worker"  # stands for aws.yaml's gpu_1x_* types
 HEAD_TYPE = "ray.head.default"  # the name the fake provider gives its head
-FAKE_HEAD_NODE_ID = "f" * 51 + "00000"  # the fake provider's head node id (node_provider.py)
 # Where `python tests/cluster_fixture.py up` records what `down` must stop.
 STATE_FILE = Path(tempfile.gettempdir()) / "distributed_emb_cluster.json"
 
@@ -133,7 +143,6 @@ def autoscaling_config(
     worker_cpus: float,
     max_workers: int,
     idle_timeout_minutes: float,
-    autoscaler_v2: bool = True,
 ) -> dict:
     """The whole launcher config for Ray's fake multi-node provider (the keys Ray's own
     fake_multi_node/example.yaml has; the schema check refuses a config missing any)."""
@@ -147,9 +156,6 @@ def autoscaling_config(
             "disable_launch_config_check": True,
             # Without it the fake nodes dial GCS on 6379 and never join.
             "gcs_address": gcs_address,
-            # Autoscaler v2 (as AutoscalingCluster(autoscaler_v2=True) sets it up): it starts
-            # the nodes it was asked for at once, and knows the head by this fixed id.
-            **({"launch_multiple": True, "head_node_id": FAKE_HEAD_NODE_ID} if autoscaler_v2 else {}),
         },
         "available_node_types": {
             # As in aws.yaml: the head offers no training resources.
@@ -186,7 +192,6 @@ def start_cluster(
     idle_timeout_minutes: float = 0.2,
     token: str | None = None,
     startup_timeout_s: float = 180,
-    autoscaler_v2: bool = True,
 ) -> LocalCluster:
     """Start the head (its autoscaler starts worker nodes on demand); return once the job API
     answers. Stop it with `stop_cluster`, also when this raises."""
@@ -203,9 +208,7 @@ def start_cluster(
     config_path = Path(temp_dir) / "autoscaling.yaml"
     config_path.write_text(
         yaml.safe_dump(
-            autoscaling_config(
-                gcs_address, worker_cpus, max_workers, idle_timeout_minutes, autoscaler_v2
-            )
+            autoscaling_config(gcs_address, worker_cpus, max_workers, idle_timeout_minutes)
         )
     )
     cluster = LocalCluster(
@@ -219,16 +222,6 @@ def start_cluster(
     env = cluster.client_env()
     # The fake provider refuses to run without it; the autoscaler's default period is 5 s.
     env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
-    if autoscaler_v2:
-        # v2 publishes the node types to the GCS (state.get_cluster_config()), which is how a
-        # job (Ray Data, our resource plan) learns that the cluster can grow.
-        env.update(
-            {
-                "RAY_enable_autoscaler_v2": "1",
-                "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
-                "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
-            }
-        )
     agent_http, agent_grpc, runtime_env_port, metrics, node_manager, object_manager = more
     command = [
         RAY_CLI,
@@ -261,7 +254,9 @@ def start_cluster(
         )
     if started.returncode != 0:
         stop_cluster(cluster)
-        raise RuntimeError(f"`ray start --head` exited with {started.returncode}:\n{cluster.log_tail()}")
+        raise RuntimeError(
+            f"`ray start --head` exited with {started.returncode}:\n{cluster.log_tail()}"
+        )
     deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(requests.RequestException):
@@ -274,7 +269,9 @@ def start_cluster(
         time.sleep(1)
     tail = cluster.log_tail()
     stop_cluster(cluster)
-    raise TimeoutError(f"local cluster's job API not ready after {startup_timeout_s:.0f} s:\n{tail}")
+    raise TimeoutError(
+        f"local cluster's job API not ready after {startup_timeout_s:.0f} s:\n{tail}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,9 +302,7 @@ def cluster_processes(cluster: LocalCluster) -> dict[int, tuple[str, str]]:
     table = _process_table()
     marks = (cluster.temp_dir, cluster.gcs_address)
     found = {
-        pid
-        for pid, (_, _, command) in table.items()
-        if any(mark in command for mark in marks)
+        pid for pid, (_, _, command) in table.items() if any(mark in command for mark in marks)
     }
     children: dict[int, list[int]] = {}
     for pid, (parent, _, _) in table.items():

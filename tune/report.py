@@ -13,6 +13,7 @@ import json
 import logging
 from dataclasses import asdict
 
+from distributed_emb.atomic_files import write_text_atomic
 from tune.driver import SearchRun, search_paths
 from tune.plots import plot_learning_curves, plot_metric_vs_params
 from tune.results import (
@@ -68,7 +69,7 @@ def write_search_report(config: SearchJobConfig, run: SearchRun) -> dict:
         plots = plot_metric_vs_params(trials, space, output / "plots")
         plots.append(plot_learning_curves(trials, output / "plots"))
         summary["plots"] = [str(p) for p in plots]
-    (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write_text_atomic(output / "summary.json", json.dumps(summary, indent=2, default=str))
     summary["table_markdown"] = markdown_table(rows)
     return summary
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.evaluation.suite import STS_TASKS, TRANSFER_TASKS
 
 DISPLAY_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "SST2": "SST"}
@@ -93,4 +94,4 @@ def _jsonable(value: Any) -> Any:
 def write_results(output: dict, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(output), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(_jsonable(output), indent=2) + "\n")

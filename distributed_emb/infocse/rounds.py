@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from distributed_emb.atomic_files import staged_directory
+from distributed_emb.atomic_files import staged_directory, write_text_atomic
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
 
@@ -333,7 +333,8 @@ def _print_row(record: RoundRecord) -> None:
 
 
 def _save(records: list[RoundRecord], best: RoundRecord, output: Path) -> None:
-    (output / "rounds.json").write_text(
-        json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2)
+    write_text_atomic(
+        output / "rounds.json",
+        json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2),
     )
-    (output / "rounds.md").write_text(format_table(records) + "\n")
+    write_text_atomic(output / "rounds.md", format_table(records) + "\n")

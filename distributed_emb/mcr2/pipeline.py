@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.report import write_results
 from distributed_emb.evaluation.sts import spearman_of_embeddings
@@ -213,7 +214,7 @@ def run(config: MCR2Config) -> dict:
         "config": dataclasses.asdict(config),
     }
     write_results(results, output_dir / "results.json")
-    (output_dir / "results.md").write_text(_markdown_report(results, table))
+    write_text_atomic(output_dir / "results.md", _markdown_report(results, table))
     results["table_markdown"] = table
     return results
 

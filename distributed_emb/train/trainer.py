@@ -77,6 +77,13 @@ def build_trainer(
     )
 
 
+def planned_worker_cpus(config: TrainingConfig) -> dict:
+    """Fit or fail before Ray Train is asked for anything (the plan's table is logged): the
+    `worker_cpus` argument of build_trainer when the plan lowered each worker's CPUs."""
+    plan = check_training_plan(config)
+    return {"worker_cpus": plan.worker_cpu} if plan is not None and plan.lowered else {}
+
+
 def count_rows(config: TrainingConfig, dataset) -> int | None:
     """The corpus's row count when the schedule needs it; None for a stream whose run length
     is `train.max_steps` (counting means one full read pass before the first step)."""
@@ -157,9 +164,7 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         dataset = training_dataset(config.data, counter)
     num_rows = count_rows(config, dataset)
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
-    plan = check_training_plan(config)
-    lowered = {"worker_cpus": plan.worker_cpu} if plan is not None and plan.lowered else {}
-    trainer = build_trainer(config, dataset, num_rows, run_name, **lowered)
+    trainer = build_trainer(config, dataset, num_rows, run_name, **planned_worker_cpus(config))
     result = _fit_watched(trainer, config)
     if result.error is not None:
         raise result.error

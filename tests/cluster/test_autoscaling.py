@@ -70,7 +70,9 @@ def test_job_scales_up_spreads_workers_keeps_state_on_s3_and_scales_down(
     run_name = "scale-up"
     submission_id = f"scale-up-{secrets.token_hex(3)}"
     timeline = Timeline()
-    with local_cluster(worker_cpus=3, max_workers=2, idle_timeout_minutes=0.2) as cluster:
+    # Idle nodes go after 1 min: long enough to outlast the driver-only phases of the job
+    # (export after training), see cluster_fixture.py on the shared session directory.
+    with local_cluster(worker_cpus=3, max_workers=2, idle_timeout_minutes=1) as cluster:
         timeline.add("head up, 0 worker nodes")
         assert cluster.alive_worker_nodes() == []
         watcher = NodeWatcher(cluster, timeline)
