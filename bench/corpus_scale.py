@@ -66,7 +66,7 @@ def write_shards(directory: Path, rows: int, shard_rows: int = SHARD_ROWS) -> Pa
 def _start_ray():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 

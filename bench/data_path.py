@@ -116,7 +116,7 @@ def delivered_per_s(
     from distributed_emb.data.sharding import RowShardedDataConfig
     from distributed_emb.data.tokenize import tokenize_columns
 
-    ray.init(num_cpus=data_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=data_cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     stage = {
         "fn": tokenize_columns,

@@ -656,7 +656,8 @@ class Bench:
         import ray
 
         ray.init(
-            num_cpus=2 * (os.cpu_count() or 1),  # as the jobs do: see cli.start_ray
+            address="local",  # our own instance, whatever else runs on the machine
+            num_cpus=os.cpu_count() or 1,  # as the jobs do (cli.start_ray; the resource plan)
             include_dashboard=False,
             object_store_memory=512 * 1024**2 if self.args.tiny else 1024**3,
             log_to_driver=self.args.verbose,

@@ -200,6 +200,9 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     require_local_token_auth()
     try:
         ray.init(
+            # A new instance of our own, never a `ray start` cluster that happens to run on
+            # this machine (that one is joined only through RAY_ADDRESS / ray.address).
+            address="local",
             num_cpus=num_cpus,
             include_dashboard=state_api,
             object_store_memory=store * 1024**2 if store else None,

@@ -23,6 +23,7 @@ watchdog (train/watchdog.py) fails the run if they never come.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -59,10 +60,13 @@ class ClusterShape:
     nodes: list[Node]
     # (node type name, its resources, the most nodes of it) from the autoscaler's config.
     node_types: list[tuple[str, Node, int]] = field(default_factory=list)
+    # An autoscaler runs but publishes no node types (Ray's v1 autoscaler, which `ray up`
+    # runs): the cluster may grow by an unknown amount.
+    unknown_growth: bool = False
 
     @property
     def autoscaling(self) -> bool:
-        return any(count > 0 for _, _, count in self.node_types)
+        return self.unknown_growth or any(count > 0 for _, _, count in self.node_types)
 
     @property
     def cpu(self) -> float:
@@ -86,6 +90,8 @@ class ClusterShape:
             f"{len(self.nodes)} node{'s' if len(self.nodes) != 1 else ''}, "
             f"{_num(self.cpu)} CPU, {_num(self.gpu)} GPU"
         )
+        if self.unknown_growth and not self.node_types:
+            return f"{text}; autoscaling (node types not published)"
         if self.autoscaling:
             types = ", ".join(
                 f"{name} ≤{count} × {_num(s.cpu)} CPU/{_num(s.gpu)} GPU"
@@ -270,6 +276,11 @@ def compute_plan(
     for nodes, later in ((cluster.nodes, False), (cluster.largest(), True)):
         if later and not cluster.autoscaling:
             break
+        if later and cluster.unknown_growth and not cluster.node_types:
+            # Nothing to check against: Ray Train's request makes the autoscaler add nodes,
+            # and the stall watchdog fails the run if none that fit ever come.
+            plan.needs_nodes = True
+            return plan
         cpu = cpus_per_worker
         ok = fits(nodes, workers, cpu, gpu, data_cpus, extras)
         if not ok and lower_cpus_to_fit:
@@ -359,6 +370,7 @@ def cluster_from_ray() -> ClusterShape:
     """The cluster Ray is connected to: alive nodes' totals, and the autoscaler's node types
     when it published any (`ray up` clusters; a plain `ray start` cluster has none)."""
     import ray
+    from ray.experimental.internal_kv import _internal_kv_get
 
     nodes = [
         Node(
@@ -383,7 +395,20 @@ def cluster_from_ray() -> ClusterShape:
             resources = dict(group.resources)
             shape = Node(float(resources.get("CPU", 0)), float(resources.get("GPU", 0)))
             node_types.append((group.name, shape, int(count)))
-    return ClusterShape(nodes, node_types)
+    unknown_growth = config is None and _v1_autoscaler_runs(_internal_kv_get)
+    return ClusterShape(nodes, node_types, unknown_growth)
+
+
+def _v1_autoscaler_runs(kv_get) -> bool:
+    """Ray's v1 autoscaler (what `ray up` runs) publishes no node types, only its status: the
+    monitor of every head writes `__autoscaling_status`, but only one that runs an autoscaler
+    adds an `autoscaler_report` to it."""
+    try:
+        raw = kv_get("__autoscaling_status")
+        return bool(raw) and json.loads(raw).get("autoscaler_report") is not None
+    except Exception as error:  # an unreadable status says nothing either way
+        log.debug("no autoscaler status: %s", error)
+        return False
 
 
 def training_plan(config, cluster: ClusterShape, extras: list[Extra] = ()) -> ResourcePlan:

@@ -26,10 +26,9 @@ example.yaml the wheel lacks, and its monitor exits with FileNotFoundError. v1 d
 publish the node types to the GCS (`ray._private.state.state.get_cluster_config()` is None).
 
 Unlike cloud nodes, fake nodes share the head's session directory, `runtime_resources`
-(unpacked `--working-dir` packages) included. Seen once: a node scaled down while the job's
-driver was still exporting, and the driver's working directory (that package) vanished
-(FileNotFoundError from os.getcwd). Keep `idle_timeout_minutes` longer than any phase in
-which a job leaves the worker nodes idle.
+(unpacked `--working-dir` packages) included: a node that unpacks a job's working_dir again
+replaces the directory the job's driver runs in, which then fails at its next os.getcwd().
+Submit jobs to this cluster without `--working-dir` (every fake node imports this checkout).
 """
 
 from __future__ import annotations
@@ -445,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"up: dashboard {cluster.dashboard_url}, GCS {cluster.gcs_address}\n"
             f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={cluster.token}\n"
-            f"ray job submit --address {cluster.dashboard_url} --working-dir . "
-            "--runtime-env cluster/runtime_env.yaml -- python jobs/train_informin.py ..."
+            f"ray job submit --address {cluster.dashboard_url} -- "
+            f"python {Path.cwd() / 'jobs' / 'train_informin.py'} ...  # no --working-dir: see "
+            "tests/cluster_fixture.py"
         )
         return 0
     if not STATE_FILE.exists():

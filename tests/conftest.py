@@ -92,6 +92,7 @@ def ray_local():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never a `ray start` cluster another test left on the machine
             num_cpus=4,
             include_dashboard=False,
             object_store_memory=512 * 1024**2,

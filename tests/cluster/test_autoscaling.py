@@ -32,9 +32,18 @@ STEPS = 6
 
 
 def job_runtime_env(extra_env: dict[str, str]) -> str:
-    """cluster/runtime_env.yaml plus `extra_env`, as JSON for `--runtime-env-json` (the CLI
-    takes a file or JSON, not both)."""
+    """cluster/runtime_env.yaml's switches plus `extra_env`, as JSON for `--runtime-env-json`
+    (the CLI takes a file or JSON, not both), without its working_dir.
+
+    Why no working_dir here: fake nodes share the head's session directory, so each node's
+    runtime-env agent unpacks the job's package into the same path, and one of them replaced
+    it (rmtree + unpack) under the running driver, whose working directory then no longer
+    existed (FileNotFoundError from os.getcwd at export). Every fake node already imports this
+    checkout (same machine, same venv); tests/jobs/test_job_submit.py covers `--working-dir`.
+    """
     runtime_env = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
+    runtime_env.pop("working_dir", None)
+    runtime_env.pop("excludes", None)
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra_env}
     return json.dumps(runtime_env)
 
@@ -70,9 +79,7 @@ def test_job_scales_up_spreads_workers_keeps_state_on_s3_and_scales_down(
     run_name = "scale-up"
     submission_id = f"scale-up-{secrets.token_hex(3)}"
     timeline = Timeline()
-    # Idle nodes go after 1 min: long enough to outlast the driver-only phases of the job
-    # (export after training), see cluster_fixture.py on the shared session directory.
-    with local_cluster(worker_cpus=3, max_workers=2, idle_timeout_minutes=1) as cluster:
+    with local_cluster(worker_cpus=3, max_workers=2, idle_timeout_minutes=0.2) as cluster:
         timeline.add("head up, 0 worker nodes")
         assert cluster.alive_worker_nodes() == []
         watcher = NodeWatcher(cluster, timeline)
@@ -81,11 +88,10 @@ def test_job_scales_up_spreads_workers_keeps_state_on_s3_and_scales_down(
             RAY_CLI, "job", "submit",
             "--address", cluster.dashboard_url,
             "--submission-id", submission_id,
-            "--working-dir", ".",
             "--runtime-env-json", job_runtime_env(s3.env),
             "--",
-            "python", "jobs/train_informin.py",
-            "--config", "jobs/configs/informin_tiny.yaml",
+            "python", str(REPO / "jobs" / "train_informin.py"),
+            "--config", str(REPO / "jobs" / "configs" / "informin_tiny.yaml"),
             f"model.path={tiny_bert_path}",
             f"data.path={small_corpus(tmp_path)}",
             "data.max_rows=null",
