@@ -130,17 +130,39 @@ def delivery(path: str, batches: int, rounds: int) -> dict:
     }
 
 
+def dedup_cost(path: str) -> dict:
+    """Seconds for one full pass (`count()`) without and with `data.deduplicate`."""
+    from distributed_emb.config import DataConfig
+    from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+
+    _start_ray()
+    result = {}
+    for dedup in (False, True):
+        counter = start_drop_counter()
+        started = time.perf_counter()
+        rows = training_dataset(DataConfig(path=path, deduplicate=dedup), counter).count()
+        result["dedup" if dedup else "plain"] = {
+            "pass_s": round(time.perf_counter() - started, 1),
+            "rows": rows,
+            "duplicates": collect_report(counter).dropped.get("duplicate", 0),
+        }
+    result["ratio"] = round(result["dedup"]["pass_s"] / result["plain"]["pass_s"], 2)
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
     parser.add_argument("--workdir", default="/tmp/distributed_emb_corpus_scale")
     parser.add_argument("--batches", type=int, default=300, help="batches timed per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dedup", action="store_true", help="also time a pass with dedup on")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:  # one measurement in a fresh process
         kind, path = args.child
-        result = first_batch(path) if kind == "first" else delivery(path, args.batches, args.rounds)
+        measure = {"first": first_batch, "dedup": dedup_cost}.get(kind)
+        result = measure(path) if measure else delivery(path, args.batches, args.rounds)
         print(json.dumps(result))
         return 0
 
@@ -160,6 +182,11 @@ def main(argv=None) -> int:
             f"| {size:,} | {-(-size // SHARD_ROWS)} | {result['first_batch_s']} | "
             f"{result['driver_peak_rss_mb']} |"
         )
+    if args.dedup:
+        for size in args.sizes:
+            result = child("dedup", write_shards(workdir, size))
+            print(f"dedup, {size:,} sentences: {json.dumps(result)}")
+        return 0
     result = child("delivery", write_shards(workdir, min(args.sizes)))
     print(f"\ndelivery into one consumer, {min(args.sizes):,} sentences: {json.dumps(result)}")
     return 0

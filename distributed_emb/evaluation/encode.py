@@ -100,7 +100,7 @@ def default_cpus_per_actor(concurrency: int, cluster_cpus: float) -> float:
     """CPUs per encoding actor that leave one CPU for Ray Data's own tasks.
 
     On a 2-CPU machine an actor pool that takes every CPU starves the read tasks and hangs
-    (see RAY_NOTES); fractional shares avoid it. Capped at 1 and floored at 0.25.
+    (read tasks get no CPU); fractional shares avoid it. Capped at 1 and floored at 0.25.
     """
     spare = max(cluster_cpus - 1.0, 0.25 * concurrency)
     return max(0.25, min(1.0, spare / concurrency))

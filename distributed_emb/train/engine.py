@@ -145,7 +145,7 @@ def build_engine(module: nn.Module, train_config, total_steps: int, device: torc
     if train_config.engine == "ddp":
         return DDPEngine(module, train_config, total_steps, device)
     if train_config.engine == "deepspeed":
-        # Imported here: deepspeed fails to import on some CPU-only drivers (RAY_NOTES).
+        # Imported here: deepspeed fails to import on some CPU-only drivers.
         from distributed_emb.train.deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine(module, train_config, total_steps, device)
