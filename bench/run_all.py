@@ -657,7 +657,10 @@ class Bench:
 
         ray.init(
             address="local",  # our own instance, whatever else runs on the machine
-            num_cpus=os.cpu_count() or 1,  # as the jobs do (cli.start_ray; the resource plan)
+            # Logical CPUs above the core count: the sections run Train runs, annotation and
+            # encoding pools back to back in one instance, and a section's leftovers (a Train
+            # controller shutting down) must not starve the next one's Ray Data tasks.
+            num_cpus=2 * (os.cpu_count() or 1),
             include_dashboard=False,
             object_store_memory=512 * 1024**2 if self.args.tiny else 1024**3,
             log_to_driver=self.args.verbose,
