@@ -400,15 +400,20 @@ def cluster_from_ray() -> ClusterShape:
 
 
 def _v1_autoscaler_runs(kv_get) -> bool:
-    """Ray's v1 autoscaler (what `ray up` runs) publishes no node types, only its status: the
-    monitor of every head writes `__autoscaling_status`, but only one that runs an autoscaler
-    adds an `autoscaler_report` to it."""
+    """Ray's v1 autoscaler (what `ray up` runs) publishes no node types, only its status. Every
+    head's monitor writes a report; on a plain head it names each node `node_<id>`, while an
+    autoscaler names them by the launcher config's node types."""
     try:
         raw = kv_get("__autoscaling_status")
-        return bool(raw) and json.loads(raw).get("autoscaler_report") is not None
+        report = (json.loads(raw) if raw else {}).get("autoscaler_report") or {}
     except Exception as error:  # an unreadable status says nothing either way
         log.debug("no autoscaler status: %s", error)
         return False
+    names = set()
+    for key in ("active_nodes", "idle_nodes", "pending_launches", "pending_nodes"):
+        value = report.get(key) or {}
+        names.update(value if isinstance(value, dict) else [])
+    return any(not str(name).startswith("node_") for name in names)
 
 
 def training_plan(config, cluster: ClusterShape, extras: list[Extra] = ()) -> ResourcePlan:

@@ -374,6 +374,7 @@ def test_two_workers_cached_equals_plain_with_gathered_negatives(tiny_bert_path,
 class DeepSpeedCfg:
     zero_stage: int
     config_path: str | None = None
+    trust_checkpoints: bool = False
 
 
 @dataclass
