@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +84,9 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     started = time.perf_counter()
     dataset = training_dataset(config.data, start_drop_counter())
     rows = count_rows(config, dataset)
-    trainer = build_trainer(config, dataset, rows, run_name="bench", **planned_worker_cpus(config))
+    # A fresh run name each time: a run must never resume an earlier contender's checkpoint.
+    run_name = f"bench-{uuid.uuid4().hex[:8]}"
+    trainer = build_trainer(config, dataset, rows, run_name=run_name, **planned_worker_cpus(config))
     result = trainer.fit()
     if result.error is not None:
         raise result.error
