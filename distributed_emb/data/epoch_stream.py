@@ -31,9 +31,12 @@ def epoch_batches(
     shuffle_buffer_rows: int | None,
     seed: int,
     skip: np.ndarray | None = None,
+    last_at_least: int | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Batches of exactly `batch_size` rows as {column: array}; a last partial batch is dropped
-    (every rank needs full batches for the gathered negatives)."""
+    (every rank needs full batches for the gathered negatives), unless it holds at least
+    `last_at_least` rows: a length-grouped pool of k·B rows is cut into whole batches of B by
+    the collator, so its last, shorter pool still gives batches."""
     pending: list[pa.Table] = []
     pending_rows = 0
     skip_ids = pa.array(skip, pa.int64()) if skip is not None and len(skip) else None
@@ -53,6 +56,8 @@ def epoch_batches(
             yield _numpy(merged.slice(0, batch_size))
             rest = merged.slice(batch_size)
             pending, pending_rows = [rest], rest.num_rows
+    if last_at_least is not None and pending_rows >= last_at_least:
+        yield _numpy(pa.concat_tables(pending))
 
 
 def _numpy(table: pa.Table) -> dict[str, np.ndarray]:

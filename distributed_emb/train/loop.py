@@ -177,6 +177,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             None if config.data.shuffle_seed is None else config.data.shuffle_buffer_rows,
             seed=(config.data.shuffle_seed or 0) + 1000 * state.epoch + rank,
             skip=skip,
+            # A last partial pool still gives its whole batches (length grouping).
+            last_at_least=config.train.batch_size if group > 1 else None,
         )
         # Per optimizer step (summed over its micro-batches): seconds waiting for batches,
         # seconds computing, real tokens. Plain numbers and tensors: no host/device sync.

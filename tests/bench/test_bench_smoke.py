@@ -135,13 +135,6 @@ def test_length_grouping_keeps_every_sentence_and_cuts_padding(minilm_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
-@pytest.mark.xfail(
-    strict=False,
-    reason="known open defect: with the streaming corpus, the bench's one-worker project run "
-    "(section 'step') stops with 'the corpus gave no full step' although the same settings "
-    "train in run_training; found at the end of the stop that introduced streaming, not yet "
-    "diagnosed (see the closing note)",
-)
 def test_tiny_run_fills_every_table(tiny_bert_path, tmp_path):
     output = tmp_path / "bench"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
