@@ -40,7 +40,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,9 +51,9 @@ from pathlib import Path
 
 import requests
 import yaml
+from ray_head import base_env, free_ports
 
 RAY_CLI = str(Path(sys.executable).with_name("ray"))
-AUTH_ENV_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 WORKER_TYPE = "cpu_worker"  # stands for aws.yaml's gpu_1x_* types
 HEAD_TYPE = "ray.head.default"  # the name the fake provider gives its head
 # Where `python tests/cluster_fixture.py up` records what `down` must stop.
@@ -112,29 +111,6 @@ class LocalCluster:
         if autoscaler.exists():
             text += "\n--- monitor.log ---\n" + autoscaler.read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
-
-
-def base_env() -> dict[str, str]:
-    """os.environ without anything that would point a Ray process at another cluster."""
-    env = {k: v for k, v in os.environ.items() if k not in (*AUTH_ENV_VARS, "RAY_ADDRESS")}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    # A SIGTERM'd node otherwise waits up to 30 s to drain work to other nodes.
-    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
-    return env
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free right now (sockets held until all are chosen)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def autoscaling_config(
@@ -198,7 +174,8 @@ def start_cluster(
 
     # Short path: Ray's unix sockets live under the temp dir and sun_path holds 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="rayc-", dir="/tmp")
-    gcs_port, dashboard_port, client_port, *more = free_ports(9)
+    # Every interface: fake nodes reach the head on the machine's address, not loopback.
+    gcs_port, dashboard_port, client_port, *more = free_ports(9, host="")
     # The address fake nodes compute for themselves (they are started without a node IP):
     # the head must be on the same one, or the nodes' and the head's views disagree.
     node_ip = ray.util.get_node_ip_address()

@@ -49,7 +49,7 @@ class LocalRayHead:
         no token and RAY_AUTH_MODE unset. `home` replaces HOME so that a token another test
         left in ~/.ray/auth_token cannot be picked up by accident.
         """
-        env = _base_env()
+        env = base_env()
         if home is not None:
             env["HOME"] = str(home)
         chosen = self.token if token is True else (token or None)
@@ -66,7 +66,7 @@ class LocalRayHead:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """os.environ without anything that would point a Ray process at another cluster."""
     env = {k: v for k, v in os.environ.items() if k not in (*AUTH_ENV_VARS, "RAY_ADDRESS")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -76,13 +76,14 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free on 127.0.0.1 right now (sockets held until all are chosen)."""
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct ports free on `host` right now ("" for every interface; sockets held until all
+    are chosen)."""
     sockets = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
@@ -197,7 +198,7 @@ def local_ray_head(
         token=token,
         log_path=temp_dir / "ray_start.log",
     )
-    env = _base_env()
+    env = base_env()
     env["RAY_AUTH_MODE"] = "token" if token else "disabled"
     if token:
         env["RAY_AUTH_TOKEN"] = token

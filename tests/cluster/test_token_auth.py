@@ -23,9 +23,9 @@ import pytest
 import requests
 from ray_head import (
     RAY_CLI,
-    _base_env,
     _descendants,
     _still_running,
+    base_env,
     free_ports,
     listening_addresses,
     local_ray_head,
@@ -191,7 +191,7 @@ def test_a_local_run_demands_the_token_and_keeps_http_on_loopback(tmp_path):
     home, stranger_home = tmp_path / "home", tmp_path / "stranger"
     home.mkdir()
     stranger_home.mkdir()
-    env = {**_base_env(), "HOME": str(home)}
+    env = {**base_env(), "HOME": str(home)}
     (dashboard_port,) = free_ports(1)
     local = subprocess.Popen(
         [sys.executable, "-c", LOCAL_START, str(dashboard_port)],
@@ -204,7 +204,7 @@ def test_a_local_run_demands_the_token_and_keeps_http_on_loopback(tmp_path):
     try:
         opened = json.loads(local.stdout.readline() or "{}")
         assert opened, "cli.start_ray did not start a local Ray"
-        stranger = {**_base_env(), "HOME": str(stranger_home)}
+        stranger = {**base_env(), "HOME": str(stranger_home)}
         job_api = f"http://127.0.0.1:{dashboard_port}/api/jobs/"
         anonymous_jobs = requests.get(job_api, timeout=30)
         token_jobs = requests.get(
