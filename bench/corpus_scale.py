@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from distributed_emb.tables import markdown_table
 
 SHARD_ROWS = 1_000_000
 BATCH = 32
@@ -173,15 +173,19 @@ def main(argv=None) -> int:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     workdir = Path(args.workdir)
-    print("| sentences | shards | first batch (s) | driver peak RSS (MiB) |")
-    print("|---:|---:|---:|---:|")
+    rows = []
     for size in args.sizes:
-        path = write_shards(workdir, size)
-        result = child("first", path)
-        print(
-            f"| {size:,} | {-(-size // SHARD_ROWS)} | {result['first_batch_s']} | "
-            f"{result['driver_peak_rss_mb']} |"
+        result = child("first", write_shards(workdir, size))
+        rows.append(
+            [
+                f"{size:,}",
+                str(-(-size // SHARD_ROWS)),
+                str(result["first_batch_s"]),
+                str(result["driver_peak_rss_mb"]),
+            ]
         )
+    columns = ["sentences", "shards", "first batch (s)", "driver peak RSS (MiB)"]
+    print(markdown_table(columns, rows, right_aligned="rrrr"))
     if args.dedup:
         for size in args.sizes:
             result = child("dedup", write_shards(workdir, size))

@@ -15,20 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from distributed_emb.config import TrainLoopConfig  # noqa: E402
-from distributed_emb.losses.objective import ObjectiveWeights  # noqa: E402
-from distributed_emb.model.encoder import SentenceEncoder  # noqa: E402
-from distributed_emb.train.step import plain_step  # noqa: E402
+from distributed_emb.config import TrainLoopConfig
+from distributed_emb.losses.objective import ObjectiveWeights
+from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.train.step import plain_step
 
 DATASHEET_BF16_TFLOPS = 989.0  # H100/H200 SXM dense bf16
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from distributed_emb.tables import markdown_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -146,26 +146,41 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def markdown_table(rows: list[dict], skipped: list[tuple[int, str]]) -> str:
+def memory_table(rows: list[dict], skipped: list[tuple[int, str]]) -> str:
     plain = {r["global_batch"]: r for r in rows if r["mini_batch_size"] is None}
-    lines = [
-        "| global batch | per worker | mode | peak RSS / worker (MiB) | of which step (MiB) "
-        "| RSS vs plain | sentences/s | speed vs plain |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    columns = [
+        "global batch",
+        "per worker",
+        "mode",
+        "peak RSS / worker (MiB)",
+        "of which step (MiB)",
+        "RSS vs plain",
+        "sentences/s",
+        "speed vs plain",
     ]
+    cells = []
     for r in rows:
         mode = "plain" if r["mini_batch_size"] is None else f"cached, m={r['mini_batch_size']}"
         base = plain.get(r["global_batch"])
         rss_ratio = f"{r['peak_rss_mib'] / base['peak_rss_mib']:.2f}×" if base else "–"
         speed_ratio = f"{r['sentences_per_s'] / base['sentences_per_s']:.2f}×" if base else "–"
-        lines.append(
-            f"| {r['global_batch']:,} | {r['per_worker']:,} | {mode} | {r['peak_rss_mib']:,.0f} "
-            f"| {r['peak_rss_mib'] - r['rss_before_step_mib']:,.0f} | {rss_ratio} "
-            f"| {r['sentences_per_s']:.1f} | {speed_ratio} |"
+        cells.append(
+            [
+                f"{r['global_batch']:,}",
+                f"{r['per_worker']:,}",
+                mode,
+                f"{r['peak_rss_mib']:,.0f}",
+                f"{r['peak_rss_mib'] - r['rss_before_step_mib']:,.0f}",
+                rss_ratio,
+                f"{r['sentences_per_s']:.1f}",
+                speed_ratio,
+            ]
         )
     for global_batch, why in skipped:
-        lines.append(f"| {global_batch:,} | {global_batch // WORKERS:,} | plain | not run: {why} |")
-    return "\n".join(lines)
+        cells.append(
+            [f"{global_batch:,}", f"{global_batch // WORKERS:,}", "plain", f"not run: {why}"]
+        )
+    return markdown_table(columns, cells, right_aligned="rr-rrrrr")
 
 
 def watch_command(command: list[str], interval_s: float = 0.5) -> dict:
@@ -252,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{WORKERS} gloo workers × 1 torch thread, all-MiniLM-L6-v2, max_seq_length "
         f"{MAX_SEQ_LENGTH}, fp32, {args.steps} optimizer step(s) per configuration"
     )
-    print(markdown_table(rows, skipped))
+    print(memory_table(rows, skipped))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=1))
     return 0

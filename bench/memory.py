@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from distributed_emb.train.loop import peak_rss_mb  # noqa: E402  (VmHWM, as the workers report)
+from distributed_emb.train.loop import peak_rss_mb  # VmHWM, as the workers report
 
 
 def rss_mb() -> float:

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PHASES = ("collate", "forward+loss", "backward", "optimizer")
 

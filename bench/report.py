@@ -6,6 +6,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from distributed_emb.tables import markdown_table
+
 
 @dataclass
 class Table:
@@ -62,10 +64,9 @@ def ratio(value: float | None) -> str:
 
 def markdown(table: dict) -> str:
     lines = [f"### {table['title']}", ""]
-    lines.append("| " + " | ".join(table["columns"]) + " |")
-    lines.append("|" + "|".join("---" for _ in table["columns"]) + "|")
-    for row in table["rows"]:
-        lines.append("| " + " | ".join(fmt(cell) for cell in row) + " |")
+    lines.append(
+        markdown_table(table["columns"], ([fmt(cell) for cell in row] for row in table["rows"]))
+    )
     for note in table.get("notes", []):
         lines.append("")
         lines.append(note)

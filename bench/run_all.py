@@ -1,7 +1,7 @@
 """All CPU benchmarks in one run, as ratios measured side by side.
 
-    python bench/run_all.py [--output bench_results] [--threads 1] [--rounds 3]
-    python bench/run_all.py --tiny --model DIR     # seconds-scale smoke run (tests use it)
+    python -m bench.run_all [--output bench_results] [--threads 1] [--rounds 3]
+    python -m bench.run_all --tiny --model DIR     # seconds-scale smoke run (tests use it)
 
 On a shared machine absolute speeds drift with everyone else's load, so every comparison is
 made inside one run: contenders are interleaved (their order rotates each round), each round
@@ -26,8 +26,6 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 # Before torch, tokenizers or Ray are imported: offline, no tokenizer thread pool fighting the
 # torch threads, and patience for worker start-up on a loaded machine.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,8 +33,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-from bench.machine import describe_machine, load_now, uptime_line  # noqa: E402
-from bench.report import Table, markdown, median, percent, ratio  # noqa: E402
+from bench.machine import describe_machine, load_now, uptime_line
+from bench.report import Table, markdown, median, percent, ratio
 
 SECTIONS = ("step", "negatives", "data", "annotation", "memory", "profile")
 PROJECT = "project: Ray Train worker, InforMin-CL"

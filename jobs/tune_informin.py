@@ -17,15 +17,15 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # `tune` (and distributed_emb) from the checkout
+sys.path.insert(0, str(REPO))  # run from a checkout too
 
 import yaml  # noqa: E402
 
 from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
 from distributed_emb.config import ConfigError, load_config, to_dict  # noqa: E402
-from tune.driver import can_resume, run_search, search_paths  # noqa: E402
-from tune.report import format_summary, write_search_report  # noqa: E402
-from tune.settings import SearchJobConfig  # noqa: E402
+from distributed_emb.tune.driver import can_resume, run_search, search_paths  # noqa: E402
+from distributed_emb.tune.report import format_summary, write_search_report  # noqa: E402
+from distributed_emb.tune.settings import SearchJobConfig  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "tune_default.yaml"
 SAVED_CONFIG = "search_config.yaml"  # the search's full config, kept for --resume

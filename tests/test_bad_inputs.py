@@ -14,7 +14,7 @@ import pytest
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.mcr2.config import MCR2Config
-from tune.settings import SearchJobConfig
+from distributed_emb.tune.settings import SearchJobConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "bad_inputs"

@@ -322,7 +322,7 @@ def test_local_glob_that_matches_is_accepted(tmp_path):
     ],
 )
 def test_tune_settings_ranges(override, message):
-    from tune.settings import SearchJobConfig
+    from distributed_emb.tune.settings import SearchJobConfig
 
     with pytest.raises(ConfigError) as error_info:
         load_config(SearchJobConfig, None, ["train.max_steps=20", override])

@@ -14,11 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from bench.flops import training_flops  # noqa: E402
-from bench.run_all import (  # noqa: E402
+from bench.flops import training_flops
+from bench.run_all import (
     BARE,
     BARE_GROUPED,
     PROJECT,
@@ -26,7 +23,9 @@ from bench.run_all import (  # noqa: E402
     ST,
     length_grouped,
 )
-from bench.step_ab import VARIANTS  # noqa: E402
+from bench.step_ab import VARIANTS
+
+REPO = Path(__file__).resolve().parents[2]  # `python -m bench.run_all` runs from here
 
 EXPECTED = {
     "training_step": (
@@ -141,14 +140,15 @@ def test_tiny_run_fills_every_table(tiny_bert_path, tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            str(REPO / "bench" / "run_all.py"),
+            "-m",
+            "bench.run_all",
             "--tiny",
             "--model",
             tiny_bert_path,
             "--output",
             str(output),
         ],
-        cwd=tmp_path,
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

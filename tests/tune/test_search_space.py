@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from distributed_emb.config import ConfigError, TrainingConfig
-from tune.search_space import (
+from distributed_emb.tune.search_space import (
     DEFAULT_SEARCH_SPACE,
     Distribution,
     apply_params,

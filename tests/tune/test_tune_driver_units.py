@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distributed_emb.config import ConfigError, load_config
-from tune.driver import (
+from distributed_emb.tune.driver import (
     build_scheduler,
     build_searcher,
     check_batches_fit,
@@ -14,7 +14,7 @@ from tune.driver import (
     resources_per_trial,
     worker_bundles,
 )
-from tune.settings import SearchJobConfig
+from distributed_emb.tune.settings import SearchJobConfig
 
 DEFAULT_YAML = "jobs/configs/tune_default.yaml"
 

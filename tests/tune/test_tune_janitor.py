@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distributed_emb.config import TrainingConfig
-from tune.janitor import PlacementGroupJanitor
+from distributed_emb.tune.janitor import PlacementGroupJanitor
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

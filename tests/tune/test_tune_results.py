@@ -9,8 +9,8 @@ import json
 import pytest
 
 from distributed_emb.config import TrainingConfig, load_config, to_dict
-from tune.plots import plot_learning_curves, plot_metric_vs_params
-from tune.results import (
+from distributed_emb.tune.plots import plot_learning_curves, plot_metric_vs_params
+from distributed_emb.tune.results import (
     COMPLETED,
     ERROR,
     INTERRUPTED,
@@ -21,14 +21,14 @@ from tune.results import (
     _status,
     best_training_config,
     best_trial,
-    markdown_table,
     ranked,
     summarize_trial,
     table_rows,
+    trials_markdown,
     write_best_config,
     write_table,
 )
-from tune.search_space import parse_search_space
+from distributed_emb.tune.search_space import parse_search_space
 
 KEYS = ["loss.reconstruction_weight", "train.batch_size"]
 
@@ -169,7 +169,7 @@ def test_table_files_hold_every_trial_sorted(trials, tmp_path):
     lines = md_path.read_text().splitlines()
     assert lines[0].startswith("| rank | trial | status | loss.reconstruction_weight |")
     assert len(lines) == 2 + 4 and "| 1 | t3 | completed | 0.3 | 32 | 75.5 | 10 | 20 |" in lines[2]
-    assert markdown_table([]) == "(no trials)"
+    assert trials_markdown([]) == "(no trials)"
 
 
 def test_best_config_yaml_is_a_training_config_with_the_trials_values(trials, tmp_path):

@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 
 from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.tables import markdown_table
 from distributed_emb.train.loop import DEV_METRIC
-from tune.search_space import apply_params
+from distributed_emb.tune.search_space import apply_params
 
 # Tune statuses → what happened, in the table's words.
 COMPLETED, STOPPED, ERROR, INTERRUPTED, NOT_STARTED = (
@@ -224,18 +225,11 @@ def table_rows(trials: list[TrialSummary], keys: list[str]) -> list[dict[str, An
     return rows
 
 
-def markdown_table(rows: list[dict[str, Any]]) -> str:
+def trials_markdown(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no trials)"
     columns = list(rows[0])
-    lines = [
-        "| " + " | ".join(columns) + " |",
-        "|" + "|".join("---" for _ in columns) + "|",
-    ]
-    for row in rows:
-        cells = [_format(row[c]).replace("|", "\\|") for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(columns, ([_format(row[c]) for c in columns] for row in rows))
 
 
 def write_table(rows: list[dict[str, Any]], output: Path) -> tuple[Path, Path]:
@@ -245,7 +239,7 @@ def write_table(rows: list[dict[str, Any]], output: Path) -> tuple[Path, Path]:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["rank"])
         writer.writeheader()
         writer.writerows(rows)
-    md_path.write_text(markdown_table(rows) + "\n")
+    md_path.write_text(trials_markdown(rows) + "\n")
     return csv_path, md_path
 
 

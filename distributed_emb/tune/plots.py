@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tune.results import COMPLETED, ERROR, STOPPED, TrialSummary
-from tune.search_space import Distribution
+from distributed_emb.tune.results import COMPLETED, ERROR, STOPPED, TrialSummary
+from distributed_emb.tune.search_space import Distribution
 
 MARKERS = {COMPLETED: "o", STOPPED: "v", ERROR: "x"}
 

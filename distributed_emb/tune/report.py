@@ -14,21 +14,21 @@ import logging
 from dataclasses import asdict
 
 from distributed_emb.atomic_files import write_text_atomic
-from tune.driver import SearchRun, search_paths
-from tune.plots import plot_learning_curves, plot_metric_vs_params
-from tune.results import (
+from distributed_emb.tune.driver import SearchRun, search_paths
+from distributed_emb.tune.plots import plot_learning_curves, plot_metric_vs_params
+from distributed_emb.tune.results import (
     ERROR,
     best_training_config,
     best_trial,
     export_best_model,
-    markdown_table,
     stsb_test,
     summarize_trials,
     table_rows,
+    trials_markdown,
     write_best_config,
     write_table,
 )
-from tune.settings import SearchJobConfig
+from distributed_emb.tune.settings import SearchJobConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def write_search_report(config: SearchJobConfig, run: SearchRun) -> dict:
         plots.append(plot_learning_curves(trials, output / "plots"))
         summary["plots"] = [str(p) for p in plots]
     write_text_atomic(output / "summary.json", json.dumps(summary, indent=2, default=str))
-    summary["table_markdown"] = markdown_table(rows)
+    summary["table_markdown"] = trials_markdown(rows)
     return summary
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distributed_emb.config import ConfigError, TrainingConfig, require_range, require_seed
-from tune.search_space import DEFAULT_SEARCH_SPACE, Distribution, parse_search_space
+from distributed_emb.tune.search_space import DEFAULT_SEARCH_SPACE, Distribution, parse_search_space
 
 
 def _require(condition: bool, key: str, message: str) -> None:

@@ -27,9 +27,9 @@ from typing import Any
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
-from tune.janitor import PlacementGroupJanitor
-from tune.search_space import Distribution, apply_params, param_space
-from tune.settings import SearchJobConfig, asha_budget
+from distributed_emb.tune.janitor import PlacementGroupJanitor
+from distributed_emb.tune.search_space import Distribution, apply_params, param_space
+from distributed_emb.tune.settings import SearchJobConfig, asha_budget
 
 log = logging.getLogger(__name__)
 
@@ -178,15 +178,7 @@ def build_searcher(config: SearchJobConfig, max_concurrent: int):
 
 def make_trainable(base: TrainingConfig, dataset, num_rows: int, paths: SearchPaths):
     """run_trial with the base config and the shared dataset bound, on DRIVER_CPU."""
-    import ray.cloudpickle
     from ray import tune as ray_tune
-
-    import tune as this_package
-
-    # `tune` lives in the checkout, not in site-packages: ship its functions by value, so trial
-    # actors unpickle them wherever they run (a local Ray started from another directory, or
-    # a cluster joined without --working-dir). distributed_emb is installed, so by reference.
-    ray.cloudpickle.register_pickle_by_value(this_package)
 
     trial_base = to_dict(base)
     trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
