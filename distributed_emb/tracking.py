@@ -24,6 +24,7 @@ import math
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -194,19 +195,34 @@ class MetricsSinks:
 
     @classmethod
     def open(cls, config, output_dir: str | os.PathLike) -> MetricsSinks:
-        """The sinks `config.logging` asks for, in `output_dir` (rank 0 only)."""
+        """The sinks a training config's `logging` section asks for, in `output_dir` (rank 0
+        only)."""
         from distributed_emb.config import to_dict
 
+        return cls.start(config.logging, output_dir, to_dict(config), config.output.run_name)
+
+    @classmethod
+    def start(
+        cls,
+        settings,
+        output_dir: str | os.PathLike,
+        params: dict,
+        run_name: str | None,
+        log_name: str = TRAIN_LOG,
+        key: str = "logging",
+    ) -> MetricsSinks:
+        """The sinks `settings` (a LoggingConfig) asks for, writing into `output_dir`: the
+        JSONL file `log_name`, always, and `tensorboard/`, W&B, MLflow when asked. `params`:
+        the run's config as a dict (W&B config, MLflow params); `key`: the config section's
+        name in messages."""
         output = Path(output_dir)
-        settings = config.logging
-        sinks: list = [JsonlSink(output / TRAIN_LOG)]
+        sinks: list = [JsonlSink(output / log_name)]
         wanted = [
-            (settings.tensorboard, "logging.tensorboard", None,  # tensorboardX or tensorboard
+            (settings.tensorboard, f"{key}.tensorboard", None,  # tensorboardX or tensorboard
              lambda: TensorBoardSink(output / TENSORBOARD_DIR)),
-            (settings.wandb, "logging.wandb", "wandb",
-             lambda: WandbSink(to_dict(config), config.output.run_name)),
-            (settings.mlflow, "logging.mlflow", "mlflow",
-             lambda: MlflowSink(to_dict(config), config.output.run_name, output)),
+            (settings.wandb, f"{key}.wandb", "wandb", lambda: WandbSink(params, run_name)),
+            (settings.mlflow, f"{key}.mlflow", "mlflow",
+             lambda: MlflowSink(params, run_name, output)),
         ]  # fmt: skip
         for enabled, key, package, start in wanted:
             if enabled:
@@ -302,22 +318,28 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (no display on a cluster node); ImportError with
+    the install command when matplotlib is missing."""
+    try:
+        import matplotlib  # optional
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # optional
+    except ImportError as error:
+        raise ImportError(
+            "plots need matplotlib: pip install matplotlib (or pip install -e '.[tune]')"
+        ) from error
+    return plt
+
+
 def plot_learning_curves(
     history: list[dict], path: str | os.PathLike, train_rows: list[dict] | None = None
 ) -> str:
     """A PNG with the run's curves: losses and learning rate (from `train_rows`, the logged
     steps, else the evaluation windows' means in `history`), STS-B dev Spearman and throughput
     (sentences/s) at each evaluation. Returns the path."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display on a cluster node
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError(
-            "plots need matplotlib: pip install matplotlib (or pip install -e '.[tune]')"
-        ) from error
-
+    plt = _pyplot()
     train = [row for row in (train_rows or []) if row.get("kind", "train") == "train"]
     source = train or [row for row in history if row.get("step", 0) > 0]
     loss_keys = sorted({k for row in source for k in row if k.startswith("loss")})
@@ -370,4 +392,61 @@ def write_run_plots(
         return plot_learning_curves(history, Path(output_dir) / PLOT_FILE, rows)
     except ImportError as error:
         log.warning("no %s: %s", PLOT_FILE, error)
+        return None
+
+
+@dataclass
+class Panel:
+    """One chart of a figure: named series of (x, y) points, and horizontal reference lines
+    (a value that has no x, e.g. the uncompressed encoder beside compressed sizes)."""
+
+    title: str
+    xlabel: str
+    series: dict[str, list[tuple[float, float]]]
+    references: dict[str, float] = field(default_factory=dict)
+    xticks: list[float] | None = None  # e.g. the output sizes, so each size is labelled
+    xscale: str = "linear"
+
+
+def plot_panels(panels: list[Panel], path: str | os.PathLike, title: str | None = None) -> str:
+    """A PNG with one chart per panel, two a row. Returns the path."""
+    plt = _pyplot()
+    columns = 1 if len(panels) == 1 else 2
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.6 * rows), squeeze=False)
+    for axis, panel in zip(axes.flat, panels):
+        for label, points in panel.series.items():
+            points = [(x, y) for x, y in points if _is_number(y)]
+            if points:
+                axis.plot(*zip(*points), label=label, marker=_marker(points))
+        for label, value in panel.references.items():
+            axis.axhline(value, linestyle="--", color="grey", label=label)
+        if not any(panel.series.values()) and not panel.references:
+            axis.text(0.5, 0.5, "no data", ha="center", va="center", transform=axis.transAxes)
+        axis.set_xscale(panel.xscale)
+        if panel.xticks:
+            axis.set_xticks(panel.xticks, [f"{x:g}" for x in panel.xticks])
+            axis.minorticks_off()
+        axis.set(title=panel.title, xlabel=panel.xlabel)
+        if len(panel.series) + len(panel.references) > 1:
+            axis.legend(fontsize=8)
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.set_visible(False)
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return str(path)
+
+
+def write_panels(panels: list[Panel], path: str | os.PathLike, title: str | None = None):
+    """`plot_panels` for a finished run: None, with one line saying why, when matplotlib is
+    missing (a plot never fails a run that has its results)."""
+    try:
+        return plot_panels(panels, path, title)
+    except ImportError as error:
+        log.warning("no %s: %s", Path(path).name, error)
         return None

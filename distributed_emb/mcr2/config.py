@@ -11,11 +11,13 @@ from typing import Literal
 
 from distributed_emb.config import (
     ConfigError,
+    LoggingConfig,
     RayConfig,
     require_model_dir,
     require_range,
     require_seed,
     require_sources,
+    validate_logging_config,
     validate_ray_config,
 )
 from distributed_emb.evaluation.transfer import TransferConfig
@@ -90,6 +92,9 @@ class MCR2Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    # train_log.jsonl and TensorBoard/W&B/MLflow in output_dir (each head's epochs, the table);
+    # logging_steps: a console line every N epochs of a head.
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
         def require(condition: bool, key: str, message: str) -> None:
@@ -164,6 +169,7 @@ class MCR2Config:
             for i, c in enumerate(grid):
                 require_range(c, f"eval.transfer.{name}[{i}]", 0, low_open=True)
         validate_ray_config(self.ray)
+        validate_logging_config(self.logging)
         for section, check in (("sentences", self.sentences), ("pairs", self.pairs)):
             try:
                 check.validate()

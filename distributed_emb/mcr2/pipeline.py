@@ -1,13 +1,21 @@
 """One MCR² compression run: embed once, train a head per output size, compare, export.
 
-1. Read the training sentences (with cluster ids), the similar pairs and STS-B dev.
-2. Embed all of them with the frozen encoder in one Ray Data pass (cached on disk).
-3. For each output size: train an MCR² head (best epoch by STS-B dev), fit PCA and a random
-   projection on the same training vectors.
-4. Evaluate every method, and the uncompressed encoder, with the evaluation suite on the tasks
-   present in the SentEval directory; each distinct sentence is embedded once for all methods.
-5. Write ``results.json`` and ``results.md`` (the table), and export each head with its
-   encoder as a SentenceTransformer directory under ``models/``.
+`run` reads top to bottom:
+
+1. `read_inputs`: the training sentences (with cluster ids), the similar pairs and STS-B dev.
+2. `embed_inputs`: all of them through the frozen encoder in one Ray Data pass (cached on disk).
+3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by STS-B dev),
+   and PCA and a random projection fitted on the same training vectors.
+4. `evaluate_methods`: every method, and the uncompressed encoder, through the evaluation
+   suite on the tasks present in the SentEval directory; each distinct sentence is embedded
+   once for all methods.
+5. `export_heads`, `write_outputs`: each head with its encoder as a SentenceTransformer
+   directory under ``models/``; ``results.json``, ``results.md`` (the table) and
+   ``heads_vs_baselines.png``.
+
+Metrics also go to the sinks of the ``logging`` section (distributed_emb.tracking), in
+``output_dir``: ``train_log.jsonl`` and ``tensorboard/`` hold each head's epochs (kind
+``head_<dim>``, step = epoch) and the comparison (kind = method, step = output size).
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,16 +46,39 @@ from distributed_emb.evaluation.suite import (
 )
 from distributed_emb.mcr2.baselines import fit_baseline
 from distributed_emb.mcr2.config import MCR2Config
-from distributed_emb.mcr2.data import load_similar_pairs, load_training_sentences
+from distributed_emb.mcr2.data import (
+    SimilarPairs,
+    TrainingSentences,
+    load_similar_pairs,
+    load_training_sentences,
+)
 from distributed_emb.mcr2.embeddings import CachedEncoder
 from distributed_emb.mcr2.export import export_compressed_model
-from distributed_emb.mcr2.report import markdown_table, summarise
+from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, markdown_table, summarise
 from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, train_head
 from distributed_emb.paths import shipped_senteval_dir
+from distributed_emb.tracking import MetricsSinks, write_panels
 
 log = logging.getLogger(__name__)
 
 Projection = Callable[[np.ndarray], np.ndarray]
+Methods = dict[tuple[int, str], Projection]  # (output size, method) → projection
+
+
+@dataclass
+class RunInputs:
+    sentences: TrainingSentences
+    pairs: SimilarPairs | None
+    senteval_dir: str
+    dev: sd.StsData
+
+
+@dataclass
+class Evaluation:
+    rows: list[dict]  # {"dim", "method", **summary}: the table
+    suite_outputs: dict[str, dict]  # "<method>-<dim>" → the evaluation suite's output
+    tasks: list[str]
+    absent: list[str]
 
 
 def head_projection(trained: TrainedHead) -> Projection:
@@ -75,6 +108,13 @@ def _load_average() -> list[float] | None:
         return None
 
 
+@contextmanager
+def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timings[key] = time.perf_counter() - start
+
+
 def run(config: MCR2Config) -> dict:
     """Train, compare and export; returns the results written to ``results.json``."""
     started = time.perf_counter()
@@ -83,115 +123,33 @@ def run(config: MCR2Config) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.optim.torch_threads)
     timings: dict[str, float] = {}
-
-    # 1. Data.
-    sentences = load_training_sentences(config.sentences)
-    log.info("training sentences: %s", sentences.summary)
-    pairs = load_similar_pairs(config.pairs)
-    if pairs is not None:
-        log.info("similar pairs: %s", pairs.summary)
-    senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
-    dev = sd.read_sts_benchmark(senteval_dir, "dev")
-
-    # 2. Frozen-encoder vectors, one pass for everything the heads train and select on.
-    encoder = CachedEncoder(config.encoder)
-    t = time.perf_counter()
-    train_texts = sentences.texts + (pairs.anchors + pairs.positives if pairs else [])
-    encoder(train_texts + dev.sentences1 + dev.sentences2)
-    x = encoder(sentences.texts)  # (n, D)
-    if pairs is not None:
-        pair_vectors = (encoder(pairs.anchors), encoder(pairs.positives))  # 2 × (m, D)
-        pairs_summary = pairs.summary
-    elif config.pairs.source == "dropout":
-        limit = config.pairs.max_pairs or len(sentences.texts)
-        pair_vectors = encoder.dropout_views(sentences.texts[:limit], seed=config.pairs.seed)
-        pairs_summary = f"{limit} dropout-view pairs of training sentences"
-    else:
-        pair_vectors, pairs_summary = None, "no pair term"
-    dev_vectors = (encoder(dev.sentences1), encoder(dev.sentences2), dev.scores)
-    timings["encode_training_s"] = time.perf_counter() - t
-    log.info("embedded training data in %.1f s (%s)", timings["encode_training_s"], encoder.stats)
-    data = HeadTrainingData(
-        x,
-        sentences.cluster_ids if config.assignments.source == "column" else None,
-        pair_vectors,
-        dev_vectors,
+    sinks = MetricsSinks.start(
+        config.logging, output_dir, dataclasses.asdict(config), run_name=output_dir.name
     )
-
-    # 3. Heads and baselines per output size.
-    methods: dict[tuple[int, str], Projection] = {}
-    heads: dict[int, TrainedHead] = {}
-    t = time.perf_counter()
-    for dim in config.output_dims:
-        trained = train_head(dim, data, config.head, config.loss, config.assignments, config.optim)
-        heads[dim] = trained
+    try:
+        inputs = read_inputs(config)
+        encoder = CachedEncoder(config.encoder)
+        with _timed(timings, "encode_training_s"):
+            data, pairs_summary = embed_inputs(config, inputs, encoder)
         log.info(
-            "MCR² head %d: best STS-B dev %.2f at epoch %d (%.1f s)",
-            dim,
-            trained.best_dev_spearman,
-            trained.best_epoch,
-            trained.seconds,
+            "embedded training data in %.1f s (%s)", timings["encode_training_s"], encoder.stats
         )
-        methods[(dim, "mcr2")] = head_projection(trained)
-        for name in config.baselines:
-            if name != "full":
-                methods[(dim, name)] = fit_baseline(name, x, dim, config.optim.seed)
-    if "full" in config.baselines:
-        methods[(x.shape[1], "full")] = fit_baseline("full", x, x.shape[1])
-    timings["train_heads_s"] = time.perf_counter() - t
-
-    # 4. Evaluation: every method through the suite, on the tasks present.
-    tasks, absent = present_tasks(senteval_dir, list(config.eval.tasks))
-    if absent:
-        log.info("tasks without data in %s (not evaluated): %s", senteval_dir, ", ".join(absent))
-    eval_config = EvaluationConfig(
-        senteval_dir=senteval_dir,
-        tasks=tasks,
-        transfer=config.eval.transfer,
-        retrieval=RetrievalSettings(threshold=config.eval.retrieval_min_score),
-    )
-    rows, suite_outputs = [], {}
-    t = time.perf_counter()
-    for (dim, method), project in methods.items():
-
-        def encode(texts: list[str], project=project) -> np.ndarray:
-            return project(encoder(texts))
-
-        stsb_dev = spearman_of_embeddings(
-            project(dev_vectors[0]), project(dev_vectors[1]), dev.scores
-        )
-        output = evaluate(eval_config, encode=encode) if tasks else {}
-        suite_outputs[f"{method}-{dim}"] = output
-        rows.append({"dim": dim, "method": method, **summarise(output, stsb_dev)})
-        log.info("evaluated %s-%d: %s", method, dim, rows[-1])
-    timings["evaluate_s"] = time.perf_counter() - t
-
-    # 5. Export and write.
-    exported = {}
-    if config.export:
-        t = time.perf_counter()
-        for dim, trained in heads.items():
-            path = export_compressed_model(
-                output_dir / "models" / f"mcr2-{dim}",
-                encoder.model_path,
-                trained.head,
-                pooler=config.encoder.pooler,
-                max_seq_length=config.encoder.max_seq_length,
-                metadata={
-                    "stsb_dev": trained.best_dev_spearman,
-                    "best_epoch": trained.best_epoch,
-                    "loss": dataclasses.asdict(config.loss),
-                },
-            )
-            exported[dim] = str(path)
-        timings["export_s"] = time.perf_counter() - t
+        with _timed(timings, "train_heads_s"):
+            heads = train_heads(config, data, sinks)
+            methods = fit_methods(config, heads, data.sentences)
+        with _timed(timings, "evaluate_s"):
+            evaluation = evaluate_methods(config, methods, encoder, inputs, data.dev, sinks)
+        exported = {}
+        if config.export:
+            with _timed(timings, "export_s"):
+                exported = export_heads(config, heads, encoder.model_path, output_dir)
+    finally:
+        sinks.close()
     timings["total_s"] = time.perf_counter() - started
-
-    table = markdown_table(rows)
     results = {
-        "table": rows,
+        "table": evaluation.rows,
         "training": {
-            "sentences": sentences.summary,
+            "sentences": inputs.sentences.summary,
             "pairs": pairs_summary,
             "heads": {
                 dim: {
@@ -204,19 +162,167 @@ def run(config: MCR2Config) -> dict:
             },
         },
         "exported_models": exported,
-        "evaluation": suite_outputs,
-        "tasks_evaluated": tasks,
-        "tasks_absent": absent,
-        "senteval_dir": senteval_dir,
+        "evaluation": evaluation.suite_outputs,
+        "tasks_evaluated": evaluation.tasks,
+        "tasks_absent": evaluation.absent,
+        "senteval_dir": inputs.senteval_dir,
         "encoder": {"model_path": encoder.model_path, **encoder.stats},
         "wall_time_s": timings,
         "load_average": {"start": load_at_start, "end": _load_average()},
         "config": dataclasses.asdict(config),
     }
+    write_outputs(results, heads, output_dir)
+    return results
+
+
+def read_inputs(config: MCR2Config) -> RunInputs:
+    sentences = load_training_sentences(config.sentences)
+    log.info("training sentences: %s", sentences.summary)
+    pairs = load_similar_pairs(config.pairs)
+    if pairs is not None:
+        log.info("similar pairs: %s", pairs.summary)
+    senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
+    return RunInputs(sentences, pairs, senteval_dir, sd.read_sts_benchmark(senteval_dir, "dev"))
+
+
+def embed_inputs(
+    config: MCR2Config, inputs: RunInputs, encoder: CachedEncoder
+) -> tuple[HeadTrainingData, str]:
+    """The frozen encoder's vectors of everything the heads train and select on, embedded in
+    one pass; and a one-line description of the pair term's data."""
+    sentences, pairs, dev = inputs.sentences, inputs.pairs, inputs.dev
+    train_texts = sentences.texts + (pairs.anchors + pairs.positives if pairs else [])
+    encoder(train_texts + dev.sentences1 + dev.sentences2)  # one pass; the calls below hit it
+    x = encoder(sentences.texts)  # (n, D)
+    if pairs is not None:
+        pair_vectors = (encoder(pairs.anchors), encoder(pairs.positives))  # 2 × (m, D)
+        pairs_summary = pairs.summary
+    elif config.pairs.source == "dropout":
+        limit = config.pairs.max_pairs or len(sentences.texts)
+        pair_vectors = encoder.dropout_views(sentences.texts[:limit], seed=config.pairs.seed)
+        pairs_summary = f"{limit} dropout-view pairs of training sentences"
+    else:
+        pair_vectors, pairs_summary = None, "no pair term"
+    data = HeadTrainingData(
+        x,
+        sentences.cluster_ids if config.assignments.source == "column" else None,
+        pair_vectors,
+        (encoder(dev.sentences1), encoder(dev.sentences2), dev.scores),
+    )
+    return data, pairs_summary
+
+
+def train_heads(
+    config: MCR2Config, data: HeadTrainingData, sinks: MetricsSinks
+) -> dict[int, TrainedHead]:
+    """One MCR² head per output size, each at its best STS-B dev epoch; every epoch's
+    metrics go to the sinks (kind ``head_<dim>``)."""
+    heads: dict[int, TrainedHead] = {}
+    for dim in config.output_dims:
+        trained = train_head(
+            dim, data, config.head, config.loss, config.assignments, config.optim,
+            log_every=config.logging.logging_steps,
+        )  # fmt: skip
+        for row in trained.history:
+            sinks.log(row["epoch"], {k: v for k, v in row.items() if k != "epoch"}, f"head_{dim}")
+        log.info(
+            "MCR² head %d: best STS-B dev %.2f at epoch %d (%.1f s)",
+            dim,
+            trained.best_dev_spearman,
+            trained.best_epoch,
+            trained.seconds,
+        )
+        heads[dim] = trained
+    return heads
+
+
+def fit_methods(config: MCR2Config, heads: dict[int, TrainedHead], x: np.ndarray) -> Methods:
+    """Each head and each baseline of `config.baselines` at each size, as projections of
+    the encoder's vectors; ``full`` once, at the encoder's own size."""
+    methods: Methods = {}
+    for dim, trained in heads.items():
+        methods[(dim, "mcr2")] = head_projection(trained)
+        for name in config.baselines:
+            if name != "full":
+                methods[(dim, name)] = fit_baseline(name, x, dim, config.optim.seed)
+    if "full" in config.baselines:
+        methods[(x.shape[1], "full")] = fit_baseline("full", x, x.shape[1])
+    return methods
+
+
+def evaluate_methods(
+    config: MCR2Config,
+    methods: Methods,
+    encoder: CachedEncoder,
+    inputs: RunInputs,
+    dev_vectors: tuple[np.ndarray, np.ndarray, np.ndarray],
+    sinks: MetricsSinks,
+) -> Evaluation:
+    """Every method through the suite, on the tasks present; each table row also goes to the
+    sinks (kind = method, step = output size)."""
+    tasks, absent = present_tasks(inputs.senteval_dir, list(config.eval.tasks))
+    if absent:
+        log.info(
+            "tasks without data in %s (not evaluated): %s", inputs.senteval_dir, ", ".join(absent)
+        )
+    eval_config = EvaluationConfig(
+        senteval_dir=inputs.senteval_dir,
+        tasks=tasks,
+        transfer=config.eval.transfer,
+        retrieval=RetrievalSettings(threshold=config.eval.retrieval_min_score),
+    )
+    evaluation = Evaluation([], {}, tasks, absent)
+    for (dim, method), project in methods.items():
+
+        def encode(texts: list[str], project=project) -> np.ndarray:
+            return project(encoder(texts))
+
+        stsb_dev = spearman_of_embeddings(
+            project(dev_vectors[0]), project(dev_vectors[1]), inputs.dev.scores
+        )
+        output = evaluate(eval_config, encode=encode) if tasks else {}
+        evaluation.suite_outputs[f"{method}-{dim}"] = output
+        summary = summarise(output, stsb_dev)
+        evaluation.rows.append({"dim": dim, "method": method, **summary})
+        sinks.log(dim, summary, method)
+        log.info("evaluated %s-%d: %s", method, dim, evaluation.rows[-1])
+    return evaluation
+
+
+def export_heads(
+    config: MCR2Config, heads: dict[int, TrainedHead], model_path: str, output_dir: Path
+) -> dict[int, str]:
+    """Each head with its encoder as ``models/mcr2-<dim>``; the paths by size."""
+    exported = {}
+    for dim, trained in heads.items():
+        path = export_compressed_model(
+            output_dir / "models" / f"mcr2-{dim}",
+            model_path,
+            trained.head,
+            pooler=config.encoder.pooler,
+            max_seq_length=config.encoder.max_seq_length,
+            metadata={
+                "stsb_dev": trained.best_dev_spearman,
+                "best_epoch": trained.best_epoch,
+                "loss": dataclasses.asdict(config.loss),
+            },
+        )
+        exported[dim] = str(path)
+    return exported
+
+
+def write_outputs(results: dict, heads: dict[int, TrainedHead], output_dir: Path) -> None:
+    """``results.json``, ``results.md`` and the comparison plot; ``results["table_markdown"]``
+    for the job's console."""
+    table = markdown_table(results["table"])
     write_results(results, output_dir / "results.json")
     write_text_atomic(output_dir / "results.md", _markdown_report(results, table))
+    write_panels(
+        comparison_panels(results["table"], {dim: h.history for dim, h in heads.items()}),
+        output_dir / PLOT_FILE,
+        title="MCR² heads against PCA and a random projection",
+    )
     results["table_markdown"] = table
-    return results
 
 
 def _markdown_report(results: dict, table: str) -> str:

@@ -1,4 +1,5 @@
-"""The comparison table: output sizes × methods × {STS-B dev, STS avg, transfer avg, retrieval}."""
+"""The comparison: output sizes × methods × {STS-B dev, STS avg, transfer avg, retrieval}, as a
+table and as a plot."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import numpy as np
 
 from distributed_emb.evaluation.report import headline
+from distributed_emb.tracking import Panel
 
 COLUMNS = (
     ("stsb_dev", "STS-B dev"),
@@ -15,6 +17,7 @@ COLUMNS = (
     ("transfer_avg", "transfer avg"),
     ("retrieval_mrr", "retrieval MRR"),
 )
+PLOT_FILE = "heads_vs_baselines.png"
 
 
 def summarise(suite_output: dict, stsb_dev: float) -> dict:
@@ -56,3 +59,45 @@ def markdown_table(rows: list[dict]) -> str:
         cells = [str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def comparison_panels(rows: list[dict], head_histories: dict[int, list[dict]]) -> list[Panel]:
+    """The plot's charts: each column of the table with any number, against the output size,
+    one line per method (the uncompressed ``full`` row a dashed reference line); then each
+    head's STS-B dev per training epoch."""
+    sizes = sorted({row["dim"] for row in rows if row["method"] != "full"})
+    methods = list(dict.fromkeys(row["method"] for row in rows if row["method"] != "full"))
+    panels = []
+    for key, title in COLUMNS:
+        if not any(_is_value(row.get(key)) for row in rows):
+            continue
+        series = {
+            method: [
+                (row["dim"], row[key])
+                for row in rows
+                if row["method"] == method and _is_value(row.get(key))
+            ]
+            for method in methods
+        }
+        references = {
+            f"full ({row['dim']})": row[key]
+            for row in rows
+            if row["method"] == "full" and _is_value(row.get(key))
+        }
+        scale = "log" if sizes and sizes[-1] >= 4 * sizes[0] else "linear"
+        panels.append(Panel(title, "output size", series, references, sizes, scale))
+    panels.append(
+        Panel(
+            "MCR² head training: STS-B dev",
+            "epoch",
+            {
+                f"head {dim}": [(r["epoch"], r["stsb_dev"]) for r in history]
+                for dim, history in head_histories.items()
+            },
+        )
+    )
+    return panels
+
+
+def _is_value(value) -> bool:
+    return isinstance(value, (int, float)) and not math.isnan(value)

@@ -73,8 +73,10 @@ def train_head(
     loss_config: MCR2LossConfig,
     assignment_config: AssignmentConfig,
     optim: OptimConfig,
+    log_every: int = 1,
 ) -> TrainedHead:
-    """Train a head to `output_dim`; return it at its best STS-B dev epoch."""
+    """Train a head to `output_dim`; return it at its best STS-B dev epoch. A log line every
+    `log_every` epochs and at the last (`history` holds every epoch)."""
     start = time.perf_counter()
     torch.manual_seed(optim.seed)
     generator = torch.Generator().manual_seed(optim.seed)
@@ -139,8 +141,10 @@ def train_head(
                 copy.deepcopy(head.state_dict()),
                 assigner and copy.deepcopy(assigner.state_dict()),
             )
+        if epoch % log_every and epoch != optim.epochs:
+            continue
         log.info(
-            "dim %d epoch %d: loss %.4f, ΔR %.3f, STS-B dev %.2f",
+            "dim %d epoch %d: loss %.4e, ΔR %.3f, STS-B dev %.2f",
             output_dim,
             epoch,
             row.get("loss", float("nan")),

@@ -12,6 +12,7 @@ import pytest
 from distributed_emb.config import load_config
 from distributed_emb.mcr2.config import MCR2Config
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
+from distributed_emb.tracking import write_panels
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,17 +56,25 @@ def _overrides(tmp_path, tiny_bert_path, small_data) -> list[str]:
     ]
 
 
-def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data):
+def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, monkeypatch):
     from sentence_transformers import SentenceTransformer
 
-    from distributed_emb.evaluation.encode import local_encode
     from distributed_emb.evaluation.senteval_data import read_sts_benchmark
     from distributed_emb.evaluation.sts import spearman_of_embeddings
-    from distributed_emb.mcr2.pipeline import run
+    from distributed_emb.mcr2 import pipeline
+    from distributed_emb.model.embedder import local_encode
+    from distributed_emb.tracking import read_train_log
 
+    plotted = []
+
+    def record_plot(panels, path, title=None):
+        plotted.append(panels)
+        return write_panels(panels, path, title)
+
+    monkeypatch.setattr(pipeline, "write_panels", record_plot)
     config = load_config(MCR2Config, None, _overrides(tmp_path, tiny_bert_path, small_data))
     config.validate()
-    results = run(config)
+    results = pipeline.run(config)
 
     methods = [(row["dim"], row["method"]) for row in results["table"]]
     assert methods == [
@@ -96,6 +105,33 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data):
     vectors = model.encode(test.sentences1[:5])
     assert vectors.shape == (5, 8)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+
+    # The plot next to results.json: STS-B dev per size for each method, `full` as a reference
+    # line, and each head's STS-B dev per epoch, all taken from the table and the histories.
+    (panels,) = plotted
+    dev = next(p for p in panels if p.title == "STS-B dev")
+    assert dev.series == {
+        m: [(d, rows[(d, m)]["stsb_dev"]) for d in (4, 8)] for m in ("mcr2", "pca", "random")
+    }
+    assert dev.references == {"full (32)": full["stsb_dev"]} and dev.xticks == [4, 8]
+    assert "transfer avg" not in [p.title for p in panels]  # no transfer data: no chart
+    epochs = panels[-1].series
+    assert epochs["head 4"] == [
+        (r["epoch"], r["stsb_dev"]) for r in results["training"]["heads"][4]["history"]
+    ]
+    assert (out / "heads_vs_baselines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The sinks: every epoch of each head (step = epoch) and each table row (step = size).
+    logged = read_train_log(out / "train_log.jsonl")
+    head_4 = [r for r in logged if r["kind"] == "head_4"]
+    assert [r["step"] for r in head_4] == [0, 1, 2]
+    assert [r["stsb_dev"] for r in head_4] == [
+        pytest.approx(r["stsb_dev"]) for r in results["training"]["heads"][4]["history"]
+    ]
+    pca = {r["step"]: r["stsb_dev"] for r in logged if r["kind"] == "pca"}
+    assert pca == {4: pytest.approx(rows[(4, "pca")]["stsb_dev"]),
+                   8: pytest.approx(rows[(8, "pca")]["stsb_dev"])}  # fmt: skip
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def _job_module():
