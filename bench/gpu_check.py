@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from distributed_emb.config import TrainLoopConfig
 from distributed_emb.losses.objective import ObjectiveWeights
-from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.step import plain_step
 
 DATASHEET_BF16_TFLOPS = 989.0  # H100/H200 SXM dense bf16
@@ -100,7 +100,7 @@ def run_case(
     from distributed_emb.train.engine import build_engine
 
     torch.manual_seed(0)
-    encoder = SentenceEncoder(model_dir, pooler="cls_before_pooler", mlp_head=True)
+    encoder = TrainableEncoder(model_dir, pooler="cls_before_pooler", mlp_head=True)
     encoder.train()
     train = TrainLoopConfig(
         batch_size=batch, precision=precision, engine="ddp" if engine_name == "ddp" else "deepspeed"

@@ -67,7 +67,7 @@ def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps:
 
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.losses.objective import ObjectiveWeights
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.paths import default_model_path, shipped_corpus
     from distributed_emb.train.engine import DDPEngine
     from distributed_emb.train.grad_cache import cached_step
@@ -78,7 +78,7 @@ def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    encoder = SentenceEncoder(path, pooler="mean", mlp_head=True).train()
+    encoder = TrainableEncoder(path, pooler="mean", mlp_head=True).train()
     engine = DDPEngine(encoder, TrainCfg(), total_steps=steps, device=torch.device("cpu"))
     weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
     collate = ContrastiveCollator(tokenizer, MAX_SEQ_LENGTH)

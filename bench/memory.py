@@ -2,7 +2,7 @@
 
     python bench/memory.py --model DIR --batch 32 --seq 32 --threads 1
 
-Builds what a Ray Train worker builds (the project's SentenceEncoder, the DDP engine with its
+Builds what a Ray Train worker builds (the project's TrainableEncoder, the DDP engine with its
 AdamW state, the real step from train/step.py) and runs steps on full-length batches (every
 row `seq` tokens: the worst case dynamic padding can meet), then prints one JSON line:
 the RSS after building (weights), and the peak (VmHWM) after the steps (weights,
@@ -32,14 +32,14 @@ def measure(model_path: str, batch: int, seq: int, threads: int, steps: int) -> 
 
     from distributed_emb.config import TrainLoopConfig
     from distributed_emb.losses.objective import ObjectiveWeights
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.step import plain_step
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True)
+    encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True)
     encoder.train()
     engine = build_engine(encoder, TrainLoopConfig(batch_size=batch), steps, torch.device("cpu"))
     weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)

@@ -30,7 +30,7 @@ def profile_step(
     from distributed_emb.config import TrainLoopConfig
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.losses.objective import ObjectiveWeights
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.step import forward_objective
 
@@ -38,7 +38,7 @@ def profile_step(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True)
+    encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True)
     encoder.train()
     train = TrainLoopConfig(batch_size=len(batches[0]))
     engine = build_engine(encoder, train, len(batches), torch.device("cpu"))

@@ -36,7 +36,7 @@ def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -
     from distributed_emb.config import TrainLoopConfig
     from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
     from distributed_emb.losses.objective import ObjectiveWeights
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine, build_optimizer, build_scheduler
     from distributed_emb.train.step import plain_step
 
@@ -55,7 +55,7 @@ def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -
     engines = {}
     for name in VARIANTS:
         torch.manual_seed(0)
-        encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True)
+        encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True)
         encoder.train()
         train = TrainLoopConfig(batch_size=size, precision="bf16" if name == BF16 else "fp32")
         engine = build_engine(encoder, train, 10_000, torch.device("cpu"))

@@ -137,10 +137,10 @@ def test_crashed_model_export_keeps_the_previous_export(tiny_bert_path, tmp_path
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.model.export import export_sentence_transformer
 
-    encoder = SentenceEncoder(tiny_bert_path, pooler="mean", mlp_head=False)
+    encoder = TrainableEncoder(tiny_bert_path, pooler="mean", mlp_head=False)
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
     target = tmp_path / "model"
     export_sentence_transformer(encoder, tokenizer, str(target), 32)

@@ -1,7 +1,9 @@
 """Semantic textual similarity: cosine of the two sentences' embeddings, Spearman × 100.
 
 This is the one STS implementation: the evaluator's STS12–16 / STS-B / SICK-R numbers and the
-in-training STS-B dev metric both go through :func:`spearman_of_embeddings`.
+in-training STS-B dev metric both go through :func:`spearman_of_embeddings`; every STS-B score
+of a model (in-training dev, an InfoCSE round's dev, the test of an export or of a search's
+best model) is :func:`stsb_score`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy.stats import spearmanr
 
-from distributed_emb.evaluation.senteval_data import StsData
+from distributed_emb.evaluation.senteval_data import StsData, read_sts_benchmark
+from distributed_emb.paths import shipped_senteval_dir
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -72,6 +75,24 @@ def sts_spearman(encode: Encoder, data: StsData) -> float:
     """
     embeddings1, embeddings2 = encode_pairs(encode, data)
     return spearman_of_embeddings(embeddings1, embeddings2, data.scores)
+
+
+def read_stsb(split: str, senteval_dir: str | None = None, max_pairs: int | None = None) -> StsData:
+    """STS-B `split` from `senteval_dir` (the shipped copy when None), its first `max_pairs`
+    pairs when given."""
+    data = read_sts_benchmark(senteval_dir or shipped_senteval_dir(), split)
+    if max_pairs is None:
+        return data
+    n = max_pairs
+    return StsData(data.sentences1[:n], data.sentences2[:n], data.scores[:n], data.name)
+
+
+def stsb_score(
+    encode: Encoder, split: str, senteval_dir: str | None = None, max_pairs: int | None = None
+) -> float:
+    """STS-B `split` Spearman × 100 of `encode` (see :func:`read_stsb`). Raises
+    SentEvalDataError when the split is missing."""
+    return sts_spearman(encode, read_stsb(split, senteval_dir, max_pairs))
 
 
 def aggregate_subsets(

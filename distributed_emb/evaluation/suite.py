@@ -20,7 +20,6 @@ import numpy as np
 
 from distributed_emb.config import ConfigError, RayConfig
 from distributed_emb.evaluation import senteval_data as sd
-from distributed_emb.evaluation.encode import EmbeddingLookup, make_encoder
 from distributed_emb.evaluation.geometry import sts_geometry
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.sts import sts_spearman, sts_subsets_spearman
@@ -31,6 +30,7 @@ from distributed_emb.evaluation.transfer import (
     evaluate_sst2,
     evaluate_trec,
 )
+from distributed_emb.model.embedder import EmbeddingLookup, make_encoder
 
 log = logging.getLogger(__name__)
 

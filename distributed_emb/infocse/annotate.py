@@ -144,15 +144,15 @@ def _annotate_one(
 class DocumentAnnotator:
     """Callable class for ``map_batches``: documents in, one annotation row per document out.
 
-    The model is held by an :class:`~distributed_emb.evaluation.encode.SentenceEmbedder`, the
+    The model is held by an :class:`~distributed_emb.model.embedder.Embedder`, the
     one model-holding embedder shared with the evaluator.
     """
 
     def __init__(self, model_path: str, config: AnnotationConfig) -> None:
-        from distributed_emb.evaluation.encode import SentenceEmbedder
+        from distributed_emb.model.embedder import Embedder
 
         self.config = config
-        self.embedder = SentenceEmbedder(
+        self.embedder = Embedder(
             model_path,
             pooler=config.pooler,
             batch_size=config.encode_batch_size,
@@ -239,7 +239,7 @@ def annotate_documents(
     """
     import ray
 
-    from distributed_emb.evaluation.encode import default_cpus_per_actor
+    from distributed_emb.model.embedder import default_cpus_per_actor
 
     config = config or AnnotationConfig()
     config.validate()

@@ -20,7 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
+from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
+from distributed_emb.evaluation.sts import read_stsb, stsb_score
 from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
 
 log = logging.getLogger(__name__)
@@ -48,32 +51,21 @@ class RoundRecord:
 
 def evaluate_dev(model_dir: str, config: InfoCSEConfig) -> dict:
     """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process)."""
-    from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
-    from distributed_emb.evaluation.senteval_data import read_sts_benchmark
-    from distributed_emb.evaluation.sts import sts_spearman
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
-    from distributed_emb.paths import shipped_senteval_dir
-
     training = config.training
-    dev = read_sts_benchmark(training.eval.senteval_dir or shipped_senteval_dir(), "dev")
-    if training.eval.max_pairs is not None:
-        from distributed_emb.evaluation.senteval_data import StsData
-
-        n = training.eval.max_pairs
-        dev = StsData(dev.sentences1[:n], dev.sentences2[:n], dev.scores[:n], dev.name)
     pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
-    model = load_sentence_transformer(
-        model_dir, pooler=pooler, max_seq_length=training.model.max_seq_length, device="cpu"
+    embedder = Embedder(
+        model_dir,
+        pooler=pooler,
+        batch_size=training.eval.batch_size,
+        max_seq_length=training.model.max_seq_length,
+        device="cpu",
     )
-
-    def encode(sentences):
-        return model.encode(sentences, batch_size=training.eval.batch_size)
-
+    dev_split = ("dev", training.eval.senteval_dir, training.eval.max_pairs)
     retrieval = evaluate_retrieval(
-        encode, sts_retrieval_task(dev, config.rounds.retrieval_threshold)
+        embedder.embed, sts_retrieval_task(read_stsb(*dev_split), config.rounds.retrieval_threshold)
     )
     return {
-        "stsb_dev": sts_spearman(encode, dev),
+        "stsb_dev": stsb_score(embedder.embed, *dev_split),
         "retrieval_mrr": retrieval["mrr"],
         "retrieval_recall_at_1": retrieval["recall@1"],
     }

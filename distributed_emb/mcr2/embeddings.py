@@ -11,7 +11,7 @@ pairs, evaluation sets) is embedded once by the frozen encoder and kept
   kind of embedding (plain or a dropout view) and the texts themselves.
 
 Dropout views (two encodes with dropout on, for the pair term when no pairs file exists) run
-in this process: the shared Ray path (``evaluation/encode.py``) goes through
+in this process: the shared Ray path (``model/embedder.py``) goes through
 ``SentenceTransformer.encode``, which always switches the model to eval mode.
 """
 
@@ -124,7 +124,7 @@ class EmbeddingCache:
 
 
 def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[str]], np.ndarray]:
-    from distributed_emb.evaluation.encode import make_encoder
+    from distributed_emb.model.embedder import make_encoder
 
     if config.use_ray:
         return make_encoder(

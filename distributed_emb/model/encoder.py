@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import warnings
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -18,7 +17,9 @@ from distributed_emb.model.sentence_transformer import POOLERS, hf_pooler_dense
 log = logging.getLogger(__name__)
 
 
-class SentenceEncoder(nn.Module):
+class TrainableEncoder(nn.Module):
+    """The module Ray Train trains; inference goes through model/embedder.py."""
+
     def __init__(
         self,
         model_path: str,
@@ -101,32 +102,3 @@ class SentenceEncoder(nn.Module):
             raise ValueError("MLM inputs given but the encoder was built without an MLM head")
         logits = self.mlm_model(input_ids=mlm_input_ids, attention_mask=mlm_attention_mask).logits
         return pooled, logits
-
-    @torch.no_grad()
-    def encode(
-        self,
-        sentences: list[str],
-        tokenizer,
-        max_seq_length: int,
-        batch_size: int = 128,
-        include_mlp: bool = False,
-    ) -> np.ndarray:
-        """Inference embeddings as the exported model computes them (no dropout, no training
-        MLP unless it is exported). Sorted by length so padding is minimal."""
-        was_training = self.training
-        self.eval()
-        device = next(self.parameters()).device
-        order = np.argsort([-len(s) for s in sentences], kind="stable")
-        chunks = []
-        for start in range(0, len(sentences), batch_size):
-            texts = [sentences[i] for i in order[start : start + batch_size]]
-            batch = tokenizer(
-                texts, padding=True, truncation=True, max_length=max_seq_length, return_tensors="pt"
-            ).to(device)
-            pooled = self(batch["input_ids"], batch["attention_mask"], use_mlp=include_mlp)
-            chunks.append(pooled.float().cpu())
-        self.train(was_training)
-        embeddings = torch.cat(chunks).numpy() if chunks else np.zeros((0, self.hidden_size))
-        result = np.empty_like(embeddings)
-        result[order] = embeddings
-        return result

@@ -2,7 +2,7 @@
 
 The directory holds Transformer → Pooling [→ Dense (the checkpoint's pooler, for `cls`)]
 [→ Dense (the SimCSE MLP, only when mlp_head == "export")] [→ Normalize, when the starting
-model had one], so `SentenceTransformer(path)` computes exactly `SentenceEncoder.encode`
+model had one], so `SentenceTransformer(path)` computes exactly `model/embedder.py` `embed_module`
 (L2-normalised in the last case; checked by tests/model/test_export.py).
 
 With a `ModelCardInfo` (model/model_card.py) the directory's README.md is a filled model card:
@@ -16,7 +16,7 @@ import tempfile
 import torch
 
 from distributed_emb.atomic_files import staged_directory
-from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.model.model_card import (
     ModelCardInfo,
     add_eval_results,
@@ -32,7 +32,7 @@ from distributed_emb.model.sentence_transformer import (
 
 
 def export_sentence_transformer(
-    encoder: SentenceEncoder,
+    encoder: TrainableEncoder,
     tokenizer,
     output_dir: str,
     max_seq_length: int,

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from distributed_emb.data.sources import is_hub_name, is_remote
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.data.sources import is_hub_name, is_remote
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,10 @@ from distributed_emb.data.epoch_stream import (
     load_epoch_rows,
     save_epoch_rows,
 )
+from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.losses.objective import ObjectiveWeights
-from distributed_emb.model.encoder import SentenceEncoder
+from distributed_emb.model.embedder import embed_module
+from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
 from distributed_emb.train.engine import build_engine
 from distributed_emb.train.progress import ProgressLog
@@ -39,8 +41,8 @@ log = logging.getLogger(__name__)
 DEV_METRIC = "stsb_dev_spearman"
 
 
-def build_encoder(config: TrainingConfig) -> SentenceEncoder:
-    return SentenceEncoder(
+def build_encoder(config: TrainingConfig) -> TrainableEncoder:
+    return TrainableEncoder(
         config.model_path,
         pooler=config.model.pooler,
         mlp_head=config.model.mlp_head != "none",
@@ -116,7 +118,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 state.batches_in_epoch,
             )
 
-    dev = _load_dev(config) if rank == 0 else None
     collate = ContrastiveCollator(
         tokenizer,
         config.model.max_seq_length,
@@ -147,7 +148,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         window = progress.window_means()
         state.truncated += int(distributed.all_reduce_sum(truncated_since_report))
         truncated_since_report = torch.zeros_like(truncated_since_report)
-        score = _dev_score(encoder, tokenizer, dev, config) if rank == 0 else 0.0
+        score = _dev_score(encoder, tokenizer, config) if rank == 0 else 0.0
         score = distributed.broadcast_object(score)
         metrics = {
             DEV_METRIC: score,
@@ -291,28 +292,21 @@ def _step_function(config: TrainingConfig):
     return plain_step
 
 
-def _load_dev(config: TrainingConfig):
-    from distributed_emb.evaluation.senteval_data import StsData, read_sts_benchmark
-    from distributed_emb.paths import shipped_senteval_dir
-
-    dev = read_sts_benchmark(config.eval.senteval_dir or shipped_senteval_dir(), "dev")
-    if config.eval.max_pairs is not None:
-        n = config.eval.max_pairs
-        dev = StsData(dev.sentences1[:n], dev.sentences2[:n], dev.scores[:n], dev.name)
-    return dev
-
-
-def _dev_score(encoder, tokenizer, dev, config: TrainingConfig) -> float:
-    from distributed_emb.evaluation.sts import sts_spearman
-
+def _dev_score(encoder: TrainableEncoder, tokenizer, config: TrainingConfig) -> float:
+    """STS-B dev of the module being trained, embedded as its export will embed."""
     include_mlp = config.model.mlp_head == "export"
 
     def encode(sentences: list[str]):
-        return encoder.encode(
-            sentences, tokenizer, config.model.max_seq_length, config.eval.batch_size, include_mlp
+        return embed_module(
+            encoder,
+            tokenizer,
+            sentences,
+            config.model.max_seq_length,
+            config.eval.batch_size,
+            include_mlp,
         )
 
-    return sts_spearman(encode, dev)
+    return stsb_score(encode, "dev", config.eval.senteval_dir, config.eval.max_pairs)
 
 
 def _report(

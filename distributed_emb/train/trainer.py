@@ -18,6 +18,9 @@ from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.data.sharding import RowShardedDataConfig
 from distributed_emb.data.tokenize import tokenize_stage
+from distributed_emb.evaluation.senteval_data import SentEvalDataError
+from distributed_emb.evaluation.sts import stsb_score
+from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.model_card import finalize_export
 from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
@@ -201,7 +204,7 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         "best_checkpoint": best.path if best is not None else None,
     }
     if model_dir is not None and config.eval.test_after_training:
-        metrics["stsb_test"] = _stsb_test(config, model_dir)
+        metrics["stsb_test"] = stsb_test(config, model_dir)
     if model_dir is not None:
         # The card gets the run's final numbers (corpus size, STS-B test); pushes if asked.
         finalize_export(model_dir, config, metrics)
@@ -268,16 +271,11 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _stsb_test(config: TrainingConfig, model_dir: str) -> float | None:
-    from distributed_emb.evaluation.senteval_data import SentEvalDataError, read_sts_benchmark
-    from distributed_emb.evaluation.sts import sts_spearman
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
-    from distributed_emb.paths import shipped_senteval_dir
-
+def stsb_test(config: TrainingConfig, model_dir: str) -> float | None:
+    """STS-B test Spearman × 100 of an exported model (None when the data has no test split)."""
+    embedder = Embedder(model_dir, batch_size=config.eval.batch_size, device="cpu")
     try:
-        test = read_sts_benchmark(config.eval.senteval_dir or shipped_senteval_dir(), "test")
+        return stsb_score(embedder.embed, "test", config.eval.senteval_dir)
     except SentEvalDataError as error:
-        log.warning("no STS-B test after training: %s", error)
+        log.warning("no STS-B test of %s: %s", model_dir, error)
         return None
-    model = load_sentence_transformer(model_dir, device="cpu")
-    return sts_spearman(lambda s: model.encode(s, batch_size=config.eval.batch_size), test)

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
+from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
+from distributed_emb.train.trainer import build_trainer, worker_resources
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_space import Distribution, apply_params, param_space
 from distributed_emb.tune.settings import SearchJobConfig, asha_budget
@@ -34,6 +36,7 @@ from distributed_emb.tune.settings import SearchJobConfig, asha_budget
 log = logging.getLogger(__name__)
 
 DRIVER_CPU = 0.01  # each trial's driver: it only waits on the Train controller
+TRIALS_DIR = "trials"  # <output>/trials/<run name>/: a trial's run.log and metric sinks
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,6 @@ def resources_per_trial(base: TrainingConfig, space: dict[str, Distribution]) ->
 
 def worker_bundles(base: TrainingConfig, space: dict[str, Distribution]) -> list[dict[str, float]]:
     """Every shape one Train worker's resources can take in this search."""
-    from distributed_emb.train.trainer import worker_resources
-
     shapes = []
     for _, _, config in _candidate_configs(base, space):
         shape = worker_resources(config)
@@ -129,12 +130,17 @@ def run_trial(params: dict[str, Any], *, base: dict, dataset, num_rows: int, nam
     from ray import tune as ray_tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from distributed_emb.train.trainer import build_trainer
-
     config = apply_params(from_dict(TrainingConfig, base), params)
     # A stable name (no timestamp): a retried or resumed trial finds its own Train run in
     # storage and continues from its last checkpoint.
     run_name = f"{name}-{ray_tune.get_context().get_trial_id()}"
+    # Trials run side by side: each writes its run.log, train_log.jsonl and tensorboard/ in
+    # trials/<run name>/ of the search's output; its Train run stays in the search's storage
+    # (<output>/ray_results unless output.storage_path), where tune/results.py reads it.
+    config.output.storage_path = config.output.storage_path or str(
+        Path(config.output.dir) / "ray_results"
+    )
+    config.output.dir = str(Path(config.output.dir) / TRIALS_DIR / run_name)
     trainer = build_trainer(config, dataset, num_rows, run_name, callbacks=[TuneReportCallback()])
     trainer.fit()  # raises when the run fails: Tune marks the trial errored (or retries it)
 
@@ -235,8 +241,6 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     """Load the corpus once, then run (or resume) the search to the end. Ray must be up."""
     import ray
     from ray import tune as ray_tune
-
-    from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 
     started = time.time()
     paths = search_paths(config)

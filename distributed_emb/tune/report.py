@@ -14,6 +14,7 @@ import logging
 from dataclasses import asdict
 
 from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.train.trainer import stsb_test
 from distributed_emb.tune.driver import SearchRun, search_paths
 from distributed_emb.tune.plots import plot_learning_curves, plot_metric_vs_params
 from distributed_emb.tune.results import (
@@ -21,7 +22,6 @@ from distributed_emb.tune.results import (
     best_training_config,
     best_trial,
     export_best_model,
-    stsb_test,
     summarize_trials,
     table_rows,
     trials_markdown,

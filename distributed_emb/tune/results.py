@@ -19,11 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs
 import yaml
 
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.tables import markdown_table
+from distributed_emb.train.checkpointing import STATE_FILE
 from distributed_emb.train.loop import DEV_METRIC
+from distributed_emb.train.trainer import export_checkpoint
 from distributed_emb.tune.search_space import apply_params
 
 # Tune statuses → what happened, in the table's words.
@@ -69,10 +72,6 @@ class KeptCheckpoint:
 
 def kept_checkpoints(run_dir: str) -> list[KeptCheckpoint]:
     """The checkpoints Ray Train kept in one run directory (local or s3:// / gs://)."""
-    import pyarrow.fs
-
-    from distributed_emb.train.checkpointing import STATE_FILE
-
     filesystem, root = pyarrow.fs.FileSystem.from_uri(run_dir)
     selector = pyarrow.fs.FileSelector(root, allow_not_found=True)
     kept = []
@@ -268,23 +267,6 @@ def export_best_model(config: TrainingConfig, trial: TrialSummary, output_dir: P
     """The best trial's best checkpoint as a sentence-transformers directory."""
     from ray.train import Checkpoint
 
-    from distributed_emb.train.trainer import export_checkpoint
-
     checkpoint = Checkpoint(trial.best_checkpoint)  # local path or s3:// / gs:// URI
     with checkpoint.as_directory() as directory:
         return export_checkpoint(config, directory, str(output_dir))
-
-
-def stsb_test(config: TrainingConfig, model_dir: str) -> float | None:
-    """STS-B test Spearman × 100 of an exported model (None when the data has no test split)."""
-    from distributed_emb.evaluation.senteval_data import SentEvalDataError, read_sts_benchmark
-    from distributed_emb.evaluation.sts import sts_spearman
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
-    from distributed_emb.paths import shipped_senteval_dir
-
-    try:
-        test = read_sts_benchmark(config.eval.senteval_dir or shipped_senteval_dir(), "test")
-    except SentEvalDataError:
-        return None
-    model = load_sentence_transformer(model_dir, device="cpu")
-    return sts_spearman(lambda s: model.encode(s, batch_size=config.eval.batch_size), test)

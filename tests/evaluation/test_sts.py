@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from distributed_emb.evaluation.senteval_data import StsData, read_sts_benchmark
+from distributed_emb.evaluation.senteval_data import SentEvalDataError, StsData, read_sts_benchmark
 from distributed_emb.evaluation.sts import (
     aggregate_subsets,
     pair_cosines,
+    read_stsb,
     spearman_of_embeddings,
     sts_spearman,
     sts_subsets_spearman,
+    stsb_score,
 )
 
 
@@ -101,3 +103,27 @@ def test_sts_subsets_spearman_splits_subsets_back():
         pair_cosines(encode(b.sentences1), encode(b.sentences2)),
     ]
     assert result["all"] == pytest.approx(_plain_spearman(cos, np.r_[a.scores, b.scores]))
+
+
+def _hashed_vectors(sentences: list[str]) -> np.ndarray:
+    """A fixed embedding per sentence (bag of character codes): deterministic, model-free."""
+    vectors = np.zeros((len(sentences), 64))
+    for row, sentence in enumerate(sentences):
+        for char in sentence.lower():
+            vectors[row, ord(char) % 64] += 1.0
+    return vectors
+
+
+def test_stsb_defaults_to_the_shipped_split_and_keeps_the_first_max_pairs():
+    full = read_stsb("dev")
+    cut = read_stsb("dev", max_pairs=40)
+    assert len(full) > 40 and len(cut) == 40
+    assert cut.sentences1 == full.sentences1[:40] and list(cut.scores) == list(full.scores[:40])
+    score = stsb_score(_hashed_vectors, "dev", max_pairs=40)
+    assert score == sts_spearman(_hashed_vectors, cut)
+    assert score != stsb_score(_hashed_vectors, "dev")  # the cut really is a different set
+
+
+def test_stsb_without_the_split_names_the_missing_file(tmp_path):
+    with pytest.raises(SentEvalDataError, match="STS"):
+        stsb_score(_hashed_vectors, "test", str(tmp_path))

@@ -92,7 +92,7 @@ def test_a_damaged_cache_entry_is_recomputed(tmp_path, tiny_bert_path):
 
 @pytest.mark.ray
 def test_ray_actor_embeddings_equal_in_process_ones(tmp_path, tiny_bert_path, ray_local):
-    from distributed_emb.evaluation.encode import local_encode
+    from distributed_emb.model.embedder import local_encode
 
     config = _config(tmp_path, tiny_bert_path, use_ray=True, batch_size=2, max_seq_length=32)
     encoder = CachedEncoder(config)
@@ -105,7 +105,7 @@ def test_ray_actor_embeddings_equal_in_process_ones(tmp_path, tiny_bert_path, ra
 
 
 def test_dropout_views_differ_from_each_other_and_are_cached(tmp_path, tiny_bert_path):
-    from distributed_emb.evaluation.encode import local_encode
+    from distributed_emb.model.embedder import local_encode
 
     config = _config(tmp_path, tiny_bert_path, use_ray=False, max_seq_length=32)
     encoder = CachedEncoder(config)

@@ -17,7 +17,7 @@ HEADS = {"linear": ((), "gelu"), "mlp-gelu": ((24,), "gelu"), "mlp-tanh": ((20, 
 
 
 def test_export_round_trip_gives_the_same_vectors(tmp_path, tiny_bert_path):
-    from distributed_emb.evaluation.encode import local_encode
+    from distributed_emb.model.embedder import local_encode
 
     base = local_encode(SENTENCES, tiny_bert_path, pooler="mean", max_seq_length=32)  # (3, 32)
     expected, paths = {}, {}

@@ -1,6 +1,6 @@
 """2 gloo processes with gathered negatives == 1 process on the concatenated batch.
 
-The real path: SentenceEncoder (tiny BERT) under DDPEngine, forward_objective with InfoNCE over
+The real path: TrainableEncoder (tiny BERT) under DDPEngine, forward_objective with InfoNCE over
 the gathered batch, λ·reconstruction and same-document masking. Dropout is off (eval mode) so
 both computations see the same function; float64 so the comparison is tight.
 """
@@ -70,12 +70,12 @@ def _batch(model_path: str, rows: slice):
 
 
 def _loss_and_grads(model_path: str, rows: slice):
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import DDPEngine
     from distributed_emb.train.step import forward_objective
 
     torch.manual_seed(0)  # same MLP-head init on every process
-    encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True).double().eval()
+    encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True).double().eval()
     engine = DDPEngine(encoder, TrainCfg(), total_steps=1, device=torch.device("cpu"))
     loss, _ = forward_objective(engine.forward_module, _batch(model_path, rows), WEIGHTS)
     engine.backward(loss)

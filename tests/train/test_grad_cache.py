@@ -92,11 +92,11 @@ def make_batch(model_path: str, kind: str, rows: slice = slice(None), mlm: bool 
 
 
 def make_engine(model_path: str, weights: ObjectiveWeights, train: bool):
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import DDPEngine
 
     torch.manual_seed(0)  # same MLP-head init in every process
-    encoder = SentenceEncoder(
+    encoder = TrainableEncoder(
         model_path, pooler="mean", mlp_head=True, with_mlm_head=weights.mlm_weight > 0
     ).double()
     encoder.train(train)
@@ -390,7 +390,7 @@ def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir)
 
     from deepspeed.utils import safe_get_full_grad
 
-    from distributed_emb.model.encoder import SentenceEncoder
+    from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.deepspeed_engine import DeepSpeedEngine
 
     torch.set_num_threads(1)
@@ -409,7 +409,7 @@ def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir)
     results = {}
     for stage in stages:
         torch.manual_seed(0)
-        encoder = SentenceEncoder(model_path, pooler="mean", mlp_head=True, with_mlm_head=True)
+        encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True, with_mlm_head=True)
         encoder.train()
         # Reference: plain math on a copy, micro-batches averaged, then averaged over ranks.
         reference = copy.deepcopy(encoder)

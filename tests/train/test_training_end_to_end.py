@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.model.embedder import embed_module
 from distributed_emb.paths import shipped_corpus
 
 
@@ -59,10 +60,10 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_config
     load_encoder_weights(encoder, result.best_checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(tiny_config.model_path)
     sentences = read_sts_benchmark(shipped_senteval_dir(), "dev").sentences1[:16]
-    expected = encoder.encode(sentences, tokenizer, tiny_config.model.max_seq_length)
+    expected = embed_module(encoder, tokenizer, sentences, tiny_config.model.max_seq_length)
     exported = SentenceTransformer(result.model_dir, device="cpu").encode(sentences)
     np.testing.assert_allclose(exported, expected, rtol=1e-5, atol=1e-5)
     # The weights moved during training (the run did something).
-    fresh = build_encoder(tiny_config).encode(sentences, tokenizer, 16)
+    fresh = embed_module(build_encoder(tiny_config), tokenizer, sentences, 16)
     if metrics["best_step"] > 0:
         assert not np.allclose(fresh, expected, atol=1e-6)

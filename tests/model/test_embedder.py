@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distributed_emb.evaluation.encode import (
+from distributed_emb.model.embedder import (
+    Embedder,
     EmbeddingLookup,
-    SentenceEmbedder,
     default_cpus_per_actor,
     local_encode,
     make_encoder,
@@ -22,7 +22,7 @@ SENTENCES = [
 
 
 def test_embedder_adds_embedding_column_and_keeps_other_columns(tiny_bert_path):
-    embedder = SentenceEmbedder(tiny_bert_path, pooler="mean", batch_size=4, text_column="t")
+    embedder = Embedder(tiny_bert_path, pooler="mean", batch_size=4, text_column="t")
     batch = {"t": np.array(["a cat", "a dog sat"]), "doc_id": np.array([7, 9])}
     out = embedder(batch)
     assert out["embedding"].shape == (2, 32)

@@ -1,10 +1,12 @@
-"""Sentence encoding: a Ray Data actor pool for large runs, in-process for small ones.
+"""Inference: sentences in, embeddings out — the one path every caller embeds through.
 
-:class:`SentenceEmbedder` is the model-holding callable class given to
-``Dataset.map_batches``: each actor loads the model once (via
+:class:`Embedder` holds a saved model (any sentence-transformers or HF directory, loaded by
 :func:`~distributed_emb.model.sentence_transformer.load_sentence_transformer`, so every
-caller embeds a sentence the same way) and then embeds batch after batch. The evaluator,
-the InfoCSE annotator and the MCR² tools all use it.
+caller embeds a sentence the same way). It is the callable class given to
+``Dataset.map_batches`` (each actor loads the model once, then embeds batch after batch) and
+the in-process embedder. The evaluator, the InfoCSE annotator and its round scoring, the
+MCR² tools and the STS-B test of an export all use it. :func:`embed_module` embeds with the
+module being trained (in-training STS-B dev), exactly as its export will.
 
 :func:`ray_encode` wraps that into "list of sentences in, (n, d) array out, same order".
 Ray Data does not promise to keep row order across an actor pool, so each row carries its
@@ -18,13 +20,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import ray
+import torch
+
+from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
 INDEX_COLUMN = "__index"
 EMBEDDING_COLUMN = "embedding"
 
 
-class SentenceEmbedder:
-    """Callable class for ``ray.data.Dataset.map_batches``: adds an embedding column.
+class Embedder:
+    """A saved model for inference; as a callable class for ``ray.data.Dataset.map_batches``
+    it adds an embedding column.
 
     Input batches are dicts of numpy arrays (``batch_format="numpy"``) with a text column;
     the output batch is the input plus ``output_column`` holding a (B, d) float32 array.
@@ -42,13 +49,9 @@ class SentenceEmbedder:
         torch_threads: int | None = None,
     ) -> None:
         if torch_threads is not None:
-            import torch
-
             # Ray sets OMP threads from the actor's (possibly fractional) CPU share; an
             # explicit count lets one actor use the whole machine when it is alone on it.
             torch.set_num_threads(torch_threads)
-        from distributed_emb.model.sentence_transformer import load_sentence_transformer
-
         self.model = load_sentence_transformer(
             model_path, pooler=pooler, max_seq_length=max_seq_length, device=device
         )
@@ -86,7 +89,7 @@ def local_encode(
     device: str | None = None,
 ) -> np.ndarray:
     """In-process encoding (no Ray): the same model and batching as one actor would use."""
-    embedder = SentenceEmbedder(
+    embedder = Embedder(
         model_path,
         pooler=pooler,
         batch_size=batch_size,
@@ -94,6 +97,37 @@ def local_encode(
         device=device,
     )
     return embedder.embed(sentences)
+
+
+@torch.no_grad()
+def embed_module(
+    module,
+    tokenizer,
+    sentences: list[str],
+    max_seq_length: int,
+    batch_size: int = 128,
+    include_mlp: bool = False,
+) -> np.ndarray:
+    """(n, d) embeddings from the module being trained (model/encoder.py TrainableEncoder), as
+    its export computes them: no dropout, no training MLP unless it is exported. Sorted by
+    length so padding is minimal; rows come back in input order."""
+    was_training = module.training
+    module.eval()
+    device = next(module.parameters()).device
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    chunks = []
+    for start in range(0, len(sentences), batch_size):
+        texts = [sentences[i] for i in order[start : start + batch_size]]
+        batch = tokenizer(
+            texts, padding=True, truncation=True, max_length=max_seq_length, return_tensors="pt"
+        ).to(device)
+        pooled = module(batch["input_ids"], batch["attention_mask"], use_mlp=include_mlp)
+        chunks.append(pooled.float().cpu())
+    module.train(was_training)
+    embeddings = torch.cat(chunks).numpy() if chunks else np.zeros((0, module.hidden_size))
+    result = np.empty_like(embeddings)
+    result[order] = embeddings
+    return result
 
 
 def default_cpus_per_actor(concurrency: int, cluster_cpus: float) -> float:
@@ -123,8 +157,6 @@ def ray_encode(
     a share that leaves one CPU free (:func:`default_cpus_per_actor`); `num_gpus_per_actor`
     defaults to 1 when the cluster has at least `concurrency` GPUs, else 0.
     """
-    import ray
-
     sentences = [str(s) for s in sentences]
     n = len(sentences)
     if n == 0:
@@ -145,7 +177,7 @@ def ray_encode(
     num_blocks = max(1, min(math.ceil(n / batch_size), 4 * concurrency))
     dataset = ray.data.from_items(rows, override_num_blocks=num_blocks)
     embedded = dataset.map_batches(
-        SentenceEmbedder,
+        Embedder,
         fn_constructor_kwargs={
             "model_path": model_path,
             "pooler": pooler,
@@ -204,7 +236,7 @@ def make_encoder(
         return encode_with_ray
     if ray_options:
         raise ValueError(f"Ray options {sorted(ray_options)} given with use_ray=False")
-    embedder = SentenceEmbedder(
+    embedder = Embedder(
         model_path, pooler=pooler, batch_size=batch_size, max_seq_length=max_seq_length
     )
     return embedder.embed
