@@ -314,7 +314,7 @@ KEY_HELP = {
     "train.epochs": "passes over the corpus",
     "train.seed": "seed of the model, dropout and data order",
     "train.torch_threads": "torch threads per worker",
-    "train.checkpoint_steps": "write a checkpoint every N steps",
+    "train.report_steps": "also evaluate STS-B dev and checkpoint every N steps",
     "train.max_failures": "worker-group restarts from the last checkpoint before the run fails",
     "train.deepspeed.zero_stage": "DeepSpeed ZeRO stage",
     "eval.eval_steps": "evaluate STS-B dev (and checkpoint) every N steps",

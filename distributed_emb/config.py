@@ -100,12 +100,24 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported config type {annotation!r}")  # pragma: no cover
 
 
+# Keys that were renamed: the old name fails with the new one, never silently.
+RENAMED_KEYS = {
+    "train.checkpoint_steps": (
+        "train.report_steps",
+        "every report evaluates STS-B dev as well as writing a checkpoint",
+    ),
+}
+
+
 def _build(cls: type[T], values: dict, prefix: str = "") -> T:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in values:
         if key not in names:
             dotted = f"{prefix}.{key}" if prefix else key
+            if dotted in RENAMED_KEYS:
+                new, why = RENAMED_KEYS[dotted]
+                raise ConfigError(f"{dotted} is now {new} ({why})")
             raise ConfigError(f"unknown config key {dotted!r}; known keys: {sorted(names)}")
     kwargs = {}
     for name, value in values.items():
@@ -468,7 +480,9 @@ class TrainLoopConfig:
     seed: int = 42
     torch_threads: int | None = None  # None: cpus_per_worker, rounded up
     max_failures: int = 0
-    checkpoint_steps: int | None = None  # None: checkpoint at each evaluation
+    # Report (evaluate STS-B dev and write a checkpoint) also every N steps; None: only
+    # at eval.eval_steps.
+    report_steps: int | None = None
     # CPUs kept free of Train workers for Ray Data's read/clean/feed tasks (whole CPUs: each
     # task takes one); the resource plan (resource_plan.py) checks the cluster holds both.
     data_cpus: float = 1.0
@@ -629,7 +643,7 @@ class TrainingConfig:
         require_seed(t.seed, "train.seed")
         require_range(t.torch_threads, "train.torch_threads", 1, allow_none=True)
         require_range(t.max_failures, "train.max_failures", -1, why="-1: unlimited")
-        require_range(t.checkpoint_steps, "train.checkpoint_steps", 1, allow_none=True)
+        require_range(t.report_steps, "train.report_steps", 1, allow_none=True)
         require_range(t.data_cpus, "train.data_cpus", 1, why="Ray Data tasks take 1 CPU each")
         require_range(t.stall_timeout_s, "train.stall_timeout_s", 0, low_open=True, allow_none=True)
         require_range(t.deepspeed.zero_stage, "train.deepspeed.zero_stage", 0, 3)

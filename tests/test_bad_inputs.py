@@ -34,7 +34,7 @@ CASES = [
     ("training", "train_learning_rate_inf.yaml", [], "train.learning_rate: must be a finite"),
     ("training", "loss_temperature_nan.yaml", [], "loss.temperature: must be a finite"),
     ("training", "train_torch_threads_zero.yaml", [], "train.torch_threads: must be >= 1"),
-    ("training", "train_checkpoint_steps_zero.yaml", [], "train.checkpoint_steps: must be >= 1"),
+    ("training", "train_report_steps_zero.yaml", [], "train.report_steps: must be >= 1"),
     ("training", "data_max_rows_zero.yaml", [], "data.max_rows: must be >= 1 or null, got 0"),
     ("training", "eval_batch_size_zero.yaml", [], "eval.batch_size: must be >= 1, got 0"),
     ("training", "output_checkpoints_to_keep_zero.yaml", [], "output.checkpoints_to_keep"),

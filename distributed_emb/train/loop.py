@@ -169,7 +169,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if state.step == 0 and not state.history:
         evaluate_and_report()  # the starting point, so a run shows whether training helped
 
-    checkpoint_every = config.train.checkpoint_steps or config.eval.eval_steps
+    report_every = config.train.report_steps or config.eval.eval_steps
     while state.step < total_steps and state.epoch < config.train.epochs:
         skip = np.concatenate(epoch_rows) if state.batches_in_epoch else None
         pools = epoch_batches(
@@ -212,7 +212,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             last = state.step == total_steps
             if state.step % config.eval.eval_steps == 0 or last:
                 evaluate_and_report(final=last)
-            elif state.step % checkpoint_every == 0:
+            elif state.step % report_every == 0:
                 evaluate_and_report()
             if last:
                 break

@@ -52,7 +52,7 @@ IGNORED_KEYS = (
     "train.cpus_per_worker",
     "train.torch_threads",
     "train.max_failures",
-    "train.checkpoint_steps",
+    "train.report_steps",
     "train.deepspeed.trust_checkpoints",
     "train.data_cpus",  # where work runs, not what is computed
     "train.lower_cpus_to_fit",

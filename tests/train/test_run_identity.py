@@ -103,7 +103,7 @@ def test_same_settings_resume_whatever_the_ignored_keys_say(tmp_path, no_trainin
         "ray.num_cpus=3",
         "eval.test_after_training=false",
         "train.max_failures=3",
-        "train.checkpoint_steps=7",
+        "train.report_steps=7",
         output="elsewhere",
     )
     with pytest.raises(TrainingStarted):
