@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,17 @@ from typing import Any
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+from distributed_emb.resource_plan import (
+    ClusterShape,
+    Extra,
+    PlanError,
+    ResourcePlan,
+    cluster_from_ray,
+    compute_plan,
+)
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
 from distributed_emb.train.trainer import build_trainer, worker_resources
+from distributed_emb.train.watchdog import StallWatchdog
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_space import Distribution, apply_params, param_space
 from distributed_emb.tune.settings import SearchJobConfig, asha_budget
@@ -89,23 +99,57 @@ def resources_per_trial(base: TrainingConfig, space: dict[str, Distribution]) ->
     return {name: max(need[name] for need in needs) for name in ("CPU", "GPU")}
 
 
-def worker_bundles(base: TrainingConfig, space: dict[str, Distribution]) -> list[dict[str, float]]:
-    """Every shape one Train worker's resources can take in this search."""
+def worker_bundles(
+    base: TrainingConfig, space: dict[str, Distribution], worker_cpus: float | None = None
+) -> list[dict[str, float]]:
+    """Every shape one Train worker's resources can take in this search (`worker_cpus`: the
+    plan's lowered reservation, see trial_worker_cpus)."""
     shapes = []
     for _, _, config in _candidate_configs(base, space):
-        shape = worker_resources(config)
+        shape = worker_resources(config, trial_worker_cpus(config, worker_cpus))
         if shape not in shapes:
             shapes.append(shape)
     return shapes
 
 
-def derive_max_concurrent_trials(cluster: dict[str, float], per_trial: dict[str, float]) -> int:
+def derive_max_concurrent_trials(
+    cluster: dict[str, float], per_trial: dict[str, float], data_cpus: float = 0.0
+) -> int:
     """How many trials fit side by side: each takes its workers' CPUs (and GPUs) plus
-    DRIVER_CPU for its driver. At least 1 (an autoscaling cluster grows on demand)."""
-    fits = [math.floor(cluster.get("CPU", 0) / (per_trial["CPU"] + DRIVER_CPU) + 1e-9)]
+    DRIVER_CPU for its driver, after Ray Data's share (`train.data_cpus`, which feeds every
+    trial's workers). At least 1 (an autoscaling cluster grows on demand; on a fixed one the
+    search plan lowers the workers' reservations or fails naming the fix)."""
+    room = cluster.get("CPU", 0) - data_cpus
+    fits = [math.floor(room / (per_trial["CPU"] + DRIVER_CPU) + 1e-9)]
     if per_trial["GPU"] > 0:
         fits.append(math.floor(cluster.get("GPU", 0) / per_trial["GPU"] + 1e-9))
     return max(1, min(fits))
+
+
+def search_plan(
+    base: TrainingConfig, space: dict[str, Distribution], cluster: ClusterShape, concurrent: int
+) -> ResourcePlan:
+    """One resource plan for `concurrent` trials side by side (docs/OPERATIONS.md, "Sizing a
+    cluster"): their Train workers at the largest searched shape, their drivers, and Ray
+    Data's share, which runs each trial's feeding stage (the corpus itself is read once,
+    before any trial). Where only CPUs are short, the plan lowers each worker's reservation
+    as it does for one training run, and every trial is built with that reservation."""
+    configs = [config for _, _, config in _candidate_configs(base, space)]
+    return compute_plan(
+        cluster,
+        concurrent * max(c.train.num_workers for c in configs),
+        max(c.train.cpus_per_worker for c in configs),
+        any(c.train.use_gpu for c in configs),
+        base.train.data_cpus,
+        base.train.lower_cpus_to_fit,
+        [Extra("Tune trial drivers", concurrent, DRIVER_CPU)],
+    )
+
+
+def trial_worker_cpus(config: TrainingConfig, planned: float | None) -> float | None:
+    """A trial's worker reservation: the plan's lowered value, never above what the trial
+    itself asks (train.cpus_per_worker may be searched)."""
+    return None if planned is None else min(planned, config.train.cpus_per_worker)
 
 
 def check_batches_fit(base: TrainingConfig, space: dict[str, Distribution], num_rows: int) -> None:
@@ -124,7 +168,15 @@ def check_batches_fit(base: TrainingConfig, space: dict[str, Distribution], num_
 # ---------------------------------------------------------------------------------------------
 
 
-def run_trial(params: dict[str, Any], *, base: dict, dataset, num_rows: int, name: str) -> None:
+def run_trial(
+    params: dict[str, Any],
+    *,
+    base: dict,
+    dataset,
+    num_rows: int,
+    name: str,
+    worker_cpus: float | None = None,
+) -> None:
     """One Tune trial: the base config with this trial's values, trained by the job's own
     TorchTrainer; every evaluation reaches Tune through TuneReportCallback."""
     from ray import tune as ray_tune
@@ -141,7 +193,14 @@ def run_trial(params: dict[str, Any], *, base: dict, dataset, num_rows: int, nam
         Path(config.output.dir) / "ray_results"
     )
     config.output.dir = str(Path(config.output.dir) / TRIALS_DIR / run_name)
-    trainer = build_trainer(config, dataset, num_rows, run_name, callbacks=[TuneReportCallback()])
+    trainer = build_trainer(
+        config,
+        dataset,
+        num_rows,
+        run_name,
+        callbacks=[TuneReportCallback()],
+        worker_cpus=trial_worker_cpus(config, worker_cpus),
+    )
     trainer.fit()  # raises when the run fails: Tune marks the trial errored (or retries it)
 
 
@@ -182,14 +241,22 @@ def build_searcher(config: SearchJobConfig, max_concurrent: int):
     return BasicVariantGenerator(random_state=config.tune.seed, max_concurrent=max_concurrent), None
 
 
-def make_trainable(base: TrainingConfig, dataset, num_rows: int, paths: SearchPaths):
-    """run_trial with the base config and the shared dataset bound, on DRIVER_CPU."""
+def make_trainable(
+    base: TrainingConfig, dataset, num_rows: int, paths: SearchPaths, worker_cpus=None
+):
+    """run_trial with the base config, the shared dataset and the plan's worker reservation
+    bound, on DRIVER_CPU."""
     from ray import tune as ray_tune
 
     trial_base = to_dict(base)
     trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
     trainable = ray_tune.with_parameters(
-        run_trial, base=trial_base, dataset=dataset, num_rows=num_rows, name=paths.name
+        run_trial,
+        base=trial_base,
+        dataset=dataset,
+        num_rows=num_rows,
+        name=paths.name,
+        worker_cpus=worker_cpus,
     )
     return ray_tune.with_resources(trainable, {"cpu": DRIVER_CPU})
 
@@ -224,6 +291,28 @@ def can_resume(paths: SearchPaths) -> bool:
     return ray_tune.Tuner.can_restore(paths.experiment)
 
 
+def fit_watched(tuner, stall_timeout_s: float | None) -> None:
+    """tuner.fit() under the stall watchdog: trials run in Tune's actors, where a watchdog
+    cannot interrupt anything, so the search driver watches for all of them. Tune starts no
+    more trials than fit side by side, so a placement group, task or actor pending past
+    train.stall_timeout_s is a stall, not a queued trial. The watchdog's interrupt is a
+    SIGINT, which Tune answers by saving the search and returning."""
+    if threading.current_thread() is not threading.main_thread():
+        tuner.fit()
+        return
+    hint = (
+        "fix: see the resource plan above (train.num_workers, train.cpus_per_worker, "
+        "train.data_cpus, tune.max_concurrent_trials) and docs/OPERATIONS.md, 'Sizing a cluster'"
+    )
+    with StallWatchdog(stall_timeout_s, hint=hint) as watchdog:
+        try:
+            tuner.fit()
+        except (KeyboardInterrupt, SystemExit, Exception):
+            watchdog.check()
+            raise
+    watchdog.check()
+
+
 @dataclass
 class SearchRun:
     experiment_path: str
@@ -246,19 +335,9 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     paths = search_paths(config)
     base, space = config.base(), config.space()
 
-    counter = start_drop_counter()
-    # Blocks in the object store: trials run no read tasks (the counts are then complete).
-    dataset = training_dataset(config.data, counter).materialize()
-    report = collect_report(counter)
-    num_rows = dataset.count()
-    corpus_load_s = time.time() - started
-    log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
-    check_batches_fit(base, space, num_rows)
-    log.info("searching %s", ", ".join(f"{k} {d.describe()}" for k, d in space.items()))
-
     cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
     per_trial = resources_per_trial(base, space)
-    derived = derive_max_concurrent_trials(cluster, per_trial)
+    derived = derive_max_concurrent_trials(cluster, per_trial, base.train.data_cpus)
     max_concurrent = config.tune.max_concurrent_trials or derived
     if max_concurrent > derived:
         log.warning(
@@ -269,15 +348,36 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
             derived,
             per_trial,
         )
+    # Fit or fail before the corpus is read: on a fixed cluster the plan is for the trials
+    # that can run side by side (the others queue in Tune, not in Ray).
+    shape = cluster_from_ray()
+    plan = search_plan(
+        base, space, shape, max_concurrent if shape.autoscaling else min(max_concurrent, derived)
+    )
+    log.info("%s", plan.table())
+    if plan.problem:
+        raise PlanError(f"the search does not fit the cluster: {plan.problem}")
+    worker_cpus = plan.worker_cpu if plan.lowered else None
     log.info(
-        "trials need %s each (+%.2f CPU driver); cluster %s → %d at a time",
+        "trials need %s each (+%.2f CPU driver%s); cluster %s → %d at a time",
         per_trial,
         DRIVER_CPU,
+        f"; workers reserve {worker_cpus:g} CPU each" if worker_cpus else "",
         cluster,
         max_concurrent,
     )
 
-    trainable = make_trainable(base, dataset, num_rows, paths)
+    counter = start_drop_counter()
+    # Blocks in the object store: trials run no read tasks (the counts are then complete).
+    dataset = training_dataset(config.data, counter).materialize()
+    report = collect_report(counter)
+    num_rows = dataset.count()
+    corpus_load_s = time.time() - started
+    log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
+    check_batches_fit(base, space, num_rows)
+    log.info("searching %s", ", ".join(f"{k} {d.describe()}" for k, d in space.items()))
+
+    trainable = make_trainable(base, dataset, num_rows, paths, worker_cpus)
     if resume:
         tuner = ray_tune.Tuner.restore(
             paths.experiment, trainable=trainable, resume_unfinished=True, resume_errored=False
@@ -287,10 +387,10 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     # Trial failures do not raise here (they are in the results); an interrupt (SIGINT)
     # returns early with the state saved. Results are read back from storage, in
     # tune/results.py, so a resumed search reads the same as an uninterrupted one.
-    janitor = PlacementGroupJanitor(worker_bundles(base, space))
+    janitor = PlacementGroupJanitor(worker_bundles(base, space, worker_cpus))
     janitor.start()
     try:
-        tuner.fit()
+        fit_watched(tuner, base.train.stall_timeout_s)
     finally:
         janitor.stop()
     analysis = ray_tune.ExperimentAnalysis(paths.experiment)

@@ -12,8 +12,11 @@ from distributed_emb.tune.driver import (
     check_batches_fit,
     derive_max_concurrent_trials,
     resources_per_trial,
+    search_plan,
+    trial_worker_cpus,
     worker_bundles,
 )
+from distributed_emb.resource_plan import ClusterShape, Node
 from distributed_emb.tune.settings import SearchJobConfig
 
 DEFAULT_YAML = "jobs/configs/tune_default.yaml"
@@ -22,7 +25,7 @@ DEFAULT_YAML = "jobs/configs/tune_default.yaml"
 @pytest.mark.parametrize(
     "cluster, per_trial, expected",
     [
-        # a 2-core laptop: Ray gets 4 logical CPUs; a trial is 2 workers × 1 CPU + 0.01 driver
+        # a trial is 2 workers × 1 CPU + 0.01 driver
         ({"CPU": 4.0}, {"CPU": 2.0, "GPU": 0}, 1),
         ({"CPU": 5.0}, {"CPU": 2.0, "GPU": 0}, 2),
         ({"CPU": 4.02}, {"CPU": 2.0, "GPU": 0}, 2),
@@ -83,3 +86,55 @@ def test_worker_bundles_cover_every_searched_worker_shape():
     )
     # build_trainer's resources_per_worker: no GPU key without GPUs (the janitor ignores zeros).
     assert worker_bundles(config.base(), config.space()) == [{"CPU": 1.0}, {"CPU": 1.0, "GPU": 1}]
+
+
+@pytest.mark.parametrize(
+    "cluster, data_cpus, expected",
+    [
+        ({"CPU": 5.0}, 1.0, 1),  # Ray Data's CPU first: 4 left, one 2.01-CPU trial
+        ({"CPU": 5.02}, 1.0, 2),
+        ({"CPU": 7.03}, 1.0, 3),
+        ({"CPU": 2.0}, 1.0, 1),  # never 0: the plan lowers the workers' reservations
+    ],
+)
+def test_ray_datas_share_comes_before_concurrent_trials(cluster, data_cpus, expected):
+    per_trial = {"CPU": 2.0, "GPU": 0}
+    assert derive_max_concurrent_trials(cluster, per_trial, data_cpus) == expected
+
+
+def _search(*overrides):
+    config = load_config(SearchJobConfig, DEFAULT_YAML, list(overrides))
+    return config.base(), config.space()
+
+
+def test_the_default_search_fits_a_2_core_machine_by_lowering_worker_reservations():
+    base, space = _search()
+    plan = search_plan(base, space, ClusterShape([Node(cpu=2.0)]), concurrent=1)
+    assert plan.problem is None and plan.lowered
+    # 2 workers + 0.01 driver must leave one whole CPU for Ray Data on the only node.
+    assert plan.worker_cpu == pytest.approx(0.45)
+    assert 2 * plan.worker_cpu + 0.01 <= 1.0
+    assert "Tune trial drivers" in plan.table()
+    # Every trial is built with the lowered reservation, and the janitor looks for it.
+    assert trial_worker_cpus(base, plan.worker_cpu) == pytest.approx(0.45)
+    assert worker_bundles(base, space, plan.worker_cpu) == [{"CPU": 0.45}]
+
+
+def test_concurrent_trials_are_planned_together():
+    base, space = _search()
+    four_cpus = ClusterShape([Node(cpu=4.0)])
+    assert not search_plan(base, space, four_cpus, concurrent=1).lowered  # 2 + 0.01 + 1 ≤ 4
+    two_side_by_side = search_plan(base, space, four_cpus, concurrent=2)
+    assert two_side_by_side.lowered and two_side_by_side.workers == 4
+
+
+def test_a_search_that_can_never_fit_names_the_numbers():
+    base, space = _search("train.num_workers=8", "train.lower_cpus_to_fit=false")
+    plan = search_plan(base, space, ClusterShape([Node(cpu=2.0)]), concurrent=1)
+    assert plan.problem and "8 Train workers" in plan.problem
+
+
+def test_a_searched_smaller_reservation_is_never_raised_by_the_plan():
+    base, _ = _search("train.cpus_per_worker=0.3")
+    assert trial_worker_cpus(base, 0.45) == pytest.approx(0.3)
+    assert trial_worker_cpus(base, None) is None
