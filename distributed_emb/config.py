@@ -432,6 +432,11 @@ class DataConfig:
     # GPUs need: data/tokenize.py), "worker" in each Train worker, "auto" = ray_data on GPU runs.
     tokenize_in: typing.Literal["auto", "worker", "ray_data"] = "auto"
     tokenize_batch_rows: int = 1024  # rows per tokenising task call
+    # Token-id shards written once and reused by later epochs, resumed runs and every Tune
+    # trial (data/token_cache.py): "auto" = on for Tune searches and for runs that tokenise
+    # in Ray Data and read the whole corpus (train.max_steps unset).
+    token_cache: typing.Literal["auto", "on", "off"] = "auto"
+    token_cache_dir: str | None = None  # local or s3://...; None: <storage path>/token_cache
     # > 1: sort each pool of this many batches by token length before batching (less padding,
     # see data/collate.py LengthGroupedCollator and docs/BENCHMARKS.md); 0 or 1: random batches.
     length_group_batches: int = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from distributed_emb.data.epoch_stream import NO_TOKEN
 from distributed_emb.data.readers import ROW_ID
 from distributed_emb.data.tokenize import IDS_SUFFIX, TRUNCATED_SUFFIX
 
@@ -78,7 +79,7 @@ class ContrastiveCollator(_CollateBase):
             else [self.anchor_column, self.positive_column]
         )
         if all(column + IDS_SUFFIX in batch for column in columns):
-            return np.max([[len(ids) for ids in batch[c + IDS_SUFFIX]] for c in columns], axis=0)
+            return np.max([(batch[c + IDS_SUFFIX] != NO_TOKEN).sum(1) for c in columns], axis=0)
         per_column = [
             [
                 len(ids)
@@ -94,19 +95,28 @@ class ContrastiveCollator(_CollateBase):
 
     def _encode(self, batch: dict[str, np.ndarray], columns: list[str]) -> dict[str, torch.Tensor]:
         """The columns' rows, one after the other, padded to one length: tokenised here, or
-        only padded when Ray Data tokenised them already (data/tokenize.py)."""
+        only padded when Ray Data tokenised them already (data/tokenize.py; token-id matrices
+        as epoch_stream.numpy_batch makes them)."""
         if all(column + IDS_SUFFIX in batch for column in columns):
-            ids = [row for column in columns for row in batch[column + IDS_SUFFIX]]
+            matrices = [batch[column + IDS_SUFFIX] for column in columns]  # each (n, w)
+            width = max(m.shape[1] for m in matrices)
+            ids = np.concatenate(
+                [
+                    np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=NO_TOKEN)
+                    for m in matrices
+                ]
+            )  # (len(columns)·n, width)
             truncated = sum(int(np.sum(batch[column + TRUNCATED_SUFFIX])) for column in columns)
             return self._pad(ids, truncated)
         return self._tokenize([str(t) for column in columns for t in batch[column]])
 
-    def _pad(self, ids: list, truncated: int) -> dict[str, torch.Tensor]:
-        """Right-pad token-id rows into (n, longest) tensors, without a Python loop per row."""
-        lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
-        mask = np.arange(lengths.max()) < lengths[:, None]  # (n, L)
-        input_ids = np.full(mask.shape, self.tokenizer.pad_token_id, dtype=np.int64)
-        input_ids[mask] = np.concatenate(ids)
+    def _pad(self, ids: np.ndarray, truncated: int) -> dict[str, torch.Tensor]:
+        """A token-id matrix (NO_TOKEN past each row's end) → (n, longest in this batch)
+        input ids with the pad token, and the attention mask."""
+        mask = ids != NO_TOKEN  # (n, w)
+        longest = int(mask.sum(1).max())
+        mask = mask[:, :longest]  # rows are left-aligned: nothing real lies past the longest
+        input_ids = np.where(mask, ids[:, :longest], self.tokenizer.pad_token_id).astype(np.int64)
         return {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(mask.astype(np.int64)),

@@ -23,6 +23,11 @@ import pyarrow.compute as pc
 from distributed_emb.data.readers import ROW_ID
 
 CONSUMED_FILE = "rank{rank}_epoch_rows.npy"
+# Rows per batch asked of Ray Data. Each of its batches costs a fixed amount in the consumer
+# (a draw from the shuffle buffer, format conversion); cutting training batches from larger
+# ones pays it once per many batches (docs/BENCHMARKS.md, tokenising data path).
+FETCH_ROWS = 1024
+NO_TOKEN = -1  # fills a token-id matrix past each row's end (see numpy_batch)
 
 
 def epoch_batches(
@@ -41,7 +46,7 @@ def epoch_batches(
     pending_rows = 0
     skip_ids = pa.array(skip, pa.int64()) if skip is not None and len(skip) else None
     for table in shard.iter_batches(
-        batch_size=batch_size,
+        batch_size=max(batch_size, FETCH_ROWS),
         batch_format="pyarrow",
         prefetch_batches=2,
         local_shuffle_buffer_size=shuffle_buffer_rows or None,
@@ -53,15 +58,33 @@ def epoch_batches(
         pending_rows += table.num_rows
         while pending_rows >= batch_size:
             merged = pa.concat_tables(pending)
-            yield _numpy(merged.slice(0, batch_size))
+            yield numpy_batch(merged.slice(0, batch_size))
             rest = merged.slice(batch_size)
             pending, pending_rows = [rest], rest.num_rows
     if last_at_least is not None and pending_rows >= last_at_least:
-        yield _numpy(pa.concat_tables(pending))
+        yield numpy_batch(pa.concat_tables(pending))
 
 
-def _numpy(table: pa.Table) -> dict[str, np.ndarray]:
-    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+def numpy_batch(table: pa.Table) -> dict[str, np.ndarray]:
+    """{column: array}; a column of token-id lists (data/tokenize.py) becomes one (n, longest)
+    int32 matrix, each row's ids from the left and NO_TOKEN after them, built from the Arrow
+    offsets at once rather than one small array per row."""
+    out = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            out[name] = _id_matrix(column.combine_chunks())
+        else:
+            out[name] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _id_matrix(lists: pa.ListArray) -> np.ndarray:
+    lengths = np.diff(lists.offsets.to_numpy())  # (n,)
+    width = int(lengths.max()) if len(lengths) else 0
+    matrix = np.full((len(lengths), width), NO_TOKEN, dtype=np.int32)  # (n, longest)
+    matrix[np.arange(width) < lengths[:, None]] = lists.flatten().to_numpy()
+    return matrix
 
 
 def save_epoch_rows(directory: str, rank: int, row_ids: list[np.ndarray]) -> None:

@@ -11,21 +11,101 @@ the worker-side tokenizer makes (tests/data/test_tokenize.py).
 
 from __future__ import annotations
 
+import itertools
+import logging
+
+import numpy as np
 import pyarrow as pa
+from tokenizers import Tokenizer
 
 IDS_SUFFIX = "__ids"
 TRUNCATED_SUFFIX = "__truncated"
+CHECK_ROWS = 64  # rows of a process's first block tokenised both ways (see TextEncoder)
 
-_TOKENIZERS: dict[tuple[str, bool], object] = {}  # one per Ray worker process, reused
+log = logging.getLogger(__name__)
+
+_ENCODERS: dict[tuple[str, int, bool], TextEncoder] = {}  # one per Ray worker process, reused
 
 
-def _tokenizer(path: str, trust_remote_code: bool):
-    key = (path, trust_remote_code)
-    if key not in _TOKENIZERS:
+class TextEncoder:
+    """Texts → token ids (truncated to `max_length`, special tokens added) and truncation flags,
+    as Arrow arrays: exactly what `tokenizer(texts, truncation=True, max_length=...)` gives.
+
+    A fast tokenizer is driven through its Rust backend directly: `encode_batch_fast` (no
+    character offsets, which nobody here reads) on a private copy with truncation set once,
+    ids flattened straight into an Arrow list array. That skips the Python-side conversion of
+    every row's ids, type ids and attention mask into lists, which cost about a third of the
+    stage (docs/BENCHMARKS.md, tokenising data path). The first block each process sees is
+    also tokenised through the ordinary call; if the two ever differ (a tokenizer that does
+    work in Python), this encoder says so once and uses the ordinary call from then on."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.backend = None
+        fast = getattr(tokenizer, "backend_tokenizer", None)
+        if fast is not None:
+            backend = Tokenizer.from_str(fast.to_str())  # a copy: the tokenizer's state untouched
+            backend.no_padding()
+            backend.enable_truncation(
+                max_length, strategy="longest_first", direction=tokenizer.truncation_side
+            )
+            self.backend = backend
+        self.checked = False
+
+    def __call__(self, texts: list[str]) -> tuple[pa.Array, pa.Array]:
+        if self.backend is None:
+            return self.reference(texts)
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        encodings = encode(texts)
+        lengths = np.fromiter((len(e) for e in encodings), np.int32, len(encodings))
+        offsets = np.zeros(len(encodings) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter(
+            itertools.chain.from_iterable(e.ids for e in encodings), np.int32, int(offsets[-1])
+        )
+        ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+        truncated = pa.array([bool(e.overflowing) for e in encodings], pa.bool_())
+        if not self.checked:
+            self.checked = True
+            expected = self.reference(texts[:CHECK_ROWS])
+            if not (
+                expected[0].equals(ids[:CHECK_ROWS]) and expected[1].equals(truncated[:CHECK_ROWS])
+            ):
+                log.warning(
+                    "%s: its Rust backend alone gives other ids than the tokenizer; "
+                    "tokenising through the tokenizer (slower)",
+                    type(self.tokenizer).__name__,
+                )
+                self.backend = None
+                return self.reference(texts)
+        return ids, truncated
+
+    def reference(self, texts: list[str]) -> tuple[pa.Array, pa.Array]:
+        """The ordinary tokenizer call: what the worker-side collator does."""
+        encoded = self.tokenizer(
+            texts,
+            truncation=True,
+            max_length=self.max_length,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        encodings = getattr(encoded, "encodings", None) or []
+        truncated = [bool(e.overflowing) for e in encodings] or [False] * len(texts)
+        return (
+            pa.array(encoded["input_ids"], pa.list_(pa.int32())),
+            pa.array(truncated, pa.bool_()),
+        )
+
+
+def text_encoder(path: str, max_length: int, trust_remote_code: bool = False) -> TextEncoder:
+    key = (path, max_length, trust_remote_code)
+    if key not in _ENCODERS:
         from transformers import AutoTokenizer  # heavy: only where a stage runs
 
-        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return _TOKENIZERS[key]
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        _ENCODERS[key] = TextEncoder(tokenizer, max_length)
+    return _ENCODERS[key]
 
 
 def tokenize_columns(
@@ -37,18 +117,16 @@ def tokenize_columns(
 ) -> pa.Table:
     """Replace each text column by its token ids (truncated to `max_seq_length`, with the
     special tokens) and a flag saying whether truncation cut it."""
-    tokenizer = _tokenizer(tokenizer_path, trust_remote_code)
+    encoder = text_encoder(tokenizer_path, max_seq_length, trust_remote_code)
     for column in columns:
-        texts = [str(t) for t in table.column(column).to_pylist()]
-        encoded = tokenizer(texts, truncation=True, max_length=max_seq_length)
-        encodings = getattr(encoded, "encodings", None) or []
-        truncated = [bool(e.overflowing) for e in encodings] or [False] * len(texts)
-        index = table.column_names.index(column)
-        table = table.remove_column(index)
-        table = table.append_column(
-            column + IDS_SUFFIX, pa.array(encoded["input_ids"], pa.list_(pa.int32()))
-        )
-        table = table.append_column(column + TRUNCATED_SUFFIX, pa.array(truncated, pa.bool_()))
+        values = table.column(column)
+        texts = values.to_pylist()
+        if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+            texts = [str(t) for t in texts]
+        ids, truncated = encoder(texts)
+        table = table.remove_column(table.column_names.index(column))
+        table = table.append_column(column + IDS_SUFFIX, ids)
+        table = table.append_column(column + TRUNCATED_SUFFIX, truncated)
     return table
 
 
@@ -60,9 +138,13 @@ def tokenize_in_ray_data(config) -> bool:
 
 
 def tokenize_stage(config) -> dict | None:
-    """The map_batches arguments of the stage for a training config, or None."""
-    if not tokenize_in_ray_data(config):
-        return None
+    """The map_batches arguments of the per-rank stage for a training config, or None when
+    the workers tokenise."""
+    return tokenize_arguments(config) if tokenize_in_ray_data(config) else None
+
+
+def tokenize_arguments(config) -> dict:
+    """map_batches arguments that tokenise a config's corpus columns ({"fn": ..., ...})."""
     from distributed_emb.data.corpus import corpus_columns
 
     return {

@@ -59,6 +59,8 @@ IGNORED_KEYS = (
     "train.stall_timeout_s",
     "data.tokenize_in",  # the same token ids either way (tests/data/test_tokenize.py)
     "data.tokenize_batch_rows",
+    "data.token_cache",  # the same ids, read from shards (tests/data/test_token_cache.py)
+    "data.token_cache_dir",
     "eval.batch_size",
     "eval.test_after_training",
 )

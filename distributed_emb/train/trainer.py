@@ -17,6 +17,7 @@ from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.data.sharding import RowShardedDataConfig
+from distributed_emb.data.token_cache import token_shards
 from distributed_emb.data.tokenize import tokenize_stage
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
@@ -46,10 +47,12 @@ def build_trainer(
     run_name: str | None = None,
     callbacks: list | None = None,
     worker_cpus: float | None = None,
+    pretokenised: bool = False,
 ):
     """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
     callbacks such as TuneReportCallback). `worker_cpus`: each worker's CPU reservation from
-    the resource plan (resource_plan.py), when it lowered `train.cpus_per_worker`."""
+    the resource plan (resource_plan.py), when it lowered `train.cpus_per_worker`.
+    `pretokenised`: `dataset` holds token ids already (data/token_cache.py), no stage needed."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -76,7 +79,9 @@ def build_trainer(
         ),
         datasets={"train": dataset},
         # A fixed shard per rank (by row id), so a resumed epoch skips exactly what it trained.
-        dataset_config=RowShardedDataConfig(per_rank_stage=tokenize_stage(config)),
+        dataset_config=RowShardedDataConfig(
+            per_rank_stage=None if pretokenised else tokenize_stage(config)
+        ),
     )
 
 
@@ -161,13 +166,23 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     # is this run (same settings) or the user said so (output.resume).
     run_name = prepare_run(config)
     output.mkdir(parents=True, exist_ok=True)
-    counter = None
+    counter, shards = None, None
     if dataset is None:
-        counter = start_drop_counter()
-        dataset = training_dataset(config.data, counter)
-    num_rows = count_rows(config, dataset)
+        shards = token_shards(config)  # None: the cache is off for this run
+    if shards is not None:
+        dataset, corpus_report = shards.dataset(), shards.report
+        # The same schedule as without the cache: rows count only where count_rows counts.
+        num_rows = shards.rows if config.train.max_steps is None else None
+    else:
+        if dataset is None:
+            counter = start_drop_counter()
+            dataset = training_dataset(config.data, counter)
+        num_rows = count_rows(config, dataset)
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
-    trainer = build_trainer(config, dataset, num_rows, run_name, **planned_worker_cpus(config))
+    trainer = build_trainer(
+        config, dataset, num_rows, run_name, pretokenised=shards is not None,
+        **planned_worker_cpus(config),
+    )  # fmt: skip
     result = _fit_watched(trainer, config)
     if result.error is not None:
         raise result.error

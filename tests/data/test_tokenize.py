@@ -7,13 +7,14 @@ import torch
 from transformers import AutoTokenizer
 
 from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
-from distributed_emb.data.tokenize import tokenize_columns
+from distributed_emb.data.epoch_stream import NO_TOKEN, numpy_batch
+from distributed_emb.data.tokenize import TextEncoder, tokenize_columns
 
 TEXTS = ["A short one.", "A much longer sentence that the max length will surely cut.", "Mid."]
 
 
 def _as_batch(table: pa.Table) -> dict:
-    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    return numpy_batch(table)  # what epoch_batches hands the collator
 
 
 @pytest.mark.parametrize("mlm", [None, 0.15])
@@ -48,3 +49,37 @@ def test_pretokenised_pairs_and_length_grouping(tiny_bert_path):
         collator().collator.token_lengths(_as_batch(table)),
         collator().collator.token_lengths(_as_batch(staged)),
     )
+
+
+def test_the_fast_path_equals_the_tokenizer_call(tiny_bert_path):
+    texts = TEXTS * 30 + ["Ünïcödé — “quotes”, ß and 日本語.", "x" * 300, "tabs\tand  spaces"]
+    fast = TextEncoder(AutoTokenizer.from_pretrained(tiny_bert_path), 8)
+    ids, truncated = fast(texts)
+    assert fast.backend is not None  # the self-check passed: still the fast path
+    expected_ids, expected_truncated = fast.reference(texts)
+    assert ids.equals(expected_ids) and truncated.equals(expected_truncated)
+    assert 0 < sum(truncated.to_pylist()) < len(texts)
+
+
+def test_a_backend_that_disagrees_falls_back_to_the_tokenizer(tiny_bert_path, caplog):
+    encoder = TextEncoder(AutoTokenizer.from_pretrained(tiny_bert_path), 8)
+    encoder.backend.enable_truncation(4)  # stands in for a tokenizer with Python-side work
+    ids, _ = encoder(TEXTS)
+    assert encoder.backend is None and "other ids than the tokenizer" in caplog.text
+    assert ids.equals(encoder.reference(TEXTS)[0])
+    assert max(len(row) for row in ids.to_pylist()) == 8
+
+
+def test_token_id_lists_become_one_matrix_from_any_slice_of_any_chunks():
+    lists = [[101, 7, 102], [101, 102], [101, 5, 6, 9, 102], [101, 3, 102]]
+    chunked = pa.chunked_array(
+        [pa.array(lists[:2], pa.list_(pa.int32())), pa.array(lists[2:], pa.list_(pa.int32()))]
+    )
+    table = pa.table({"text__ids": chunked, "_row_id": [1, 2, 3, 4]}).slice(1, 3)
+    batch = numpy_batch(table)
+    assert batch["text__ids"].tolist() == [
+        [101, 102, NO_TOKEN, NO_TOKEN, NO_TOKEN],
+        [101, 5, 6, 9, 102],
+        [101, 3, 102, NO_TOKEN, NO_TOKEN],
+    ]
+    assert batch["_row_id"].tolist() == [2, 3, 4]

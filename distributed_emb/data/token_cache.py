@@ -1,0 +1,268 @@
+"""Tokenised shards, written once and reused: the corpus as token ids on the storage path.
+
+Tokenising is the one per-row cost of the data path that grows with the corpus, not the step;
+a run of several epochs, a resumed run, or a Tune search of many trials would otherwise
+tokenise the same sentences again each time. With the cache on, the driver runs one Ray Data
+pass over the clean corpus (read → clean → tokenise, data/tokenize.py, on every CPU the
+cluster has before the Train workers start) and writes the token ids as Parquet shards; the
+run then reads the shards instead of the text, and every later run with the same key does too.
+
+Layout, under `data.token_cache_dir` (default: `<run storage path>/token_cache`), local or any
+pyarrow filesystem URI (s3://, gs://):
+
+    <root>/<key id>/key.json          what the key was made of (for people; not read back)
+    <root>/<key id>/data-<uuid>/      the Parquet shards of one build
+    <root>/<key id>/COMMIT.json       written last: which data-<uuid> is whole, its row count
+                                      and the corpus drop counts of the pass that made it
+
+The key id is a hash of everything that decides the ids: the corpus files (paths, sizes,
+modification times), the cleaning rules (columns, kind, max_chars, de-duplication, max_rows,
+split), the tokenizer (its name and a hash of its whole definition: vocabulary, normaliser,
+special tokens) and the maximum length, plus the cache's format version. Anything else (batch
+size, shuffling, workers) is applied when the shards are read.
+
+Crash safety: shards are written under a fresh `data-<uuid>` name and only a COMMIT.json that
+names them makes them visible (an atomic rename locally; a single object PUT on object stores,
+which becomes visible whole or not at all). A writer that dies leaves an unnamed `data-*`
+directory that no run reads. Two runs that build the same key at once each write their own
+directory; the last commit wins and both are whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.data.corpus import (
+    collect_report,
+    corpus_columns,
+    corpus_path,
+    start_drop_counter,
+    training_dataset,
+)
+from distributed_emb.data.readers import DropReport
+from distributed_emb.data.sources import resolve_sources
+from distributed_emb.data.tokenize import tokenize_arguments, tokenize_in_ray_data
+
+log = logging.getLogger(__name__)
+
+# Bump when the shards' content for the same key changes (cleaning or tokenising code).
+CACHE_FORMAT = 1
+COMMIT_FILE = "COMMIT.json"
+KEY_FILE = "key.json"
+DATA_PREFIX = "data-"
+ROWS_PER_FILE = 100_000  # ~12 MB of ids at 30 tokens a row: few files, still many blocks
+
+
+class TokenCacheError(ValueError):
+    """A cache directory holds something that is not a committed cache of this key."""
+
+
+@dataclass
+class TokenShards:
+    """One committed build of the cache: where its shards are and what the build counted."""
+
+    directory: str  # the data-<uuid> directory (a local path or a URI)
+    rows: int
+    report: DropReport
+    built: bool  # True: this process tokenised the corpus; False: reused
+
+    def dataset(self):
+        """The shards as a lazy Ray Dataset {<column>__ids, <column>__truncated, _row_id, ...}."""
+        import ray
+
+        filesystem, path = _filesystem(self.directory)
+        return ray.data.read_parquet(path, filesystem=filesystem)
+
+
+def token_cache_enabled(config, search: bool = False) -> bool:
+    """`data.token_cache`: on, off, or auto. Auto writes the shards where tokenising once is
+    cheaper than what the run would do without them: a Tune search (every trial reads the
+    corpus), and a run that tokenises in Ray Data and reads the whole corpus anyway
+    (`train.max_steps` unset: the schedule needs a counting pass, which the build replaces).
+    A `max_steps` run on a huge stream, or a CPU run tokenising in its workers, starts at once
+    instead."""
+    choice = config.data.token_cache
+    if choice != "auto":
+        return choice == "on"
+    return search or (tokenize_in_ray_data(config) and config.train.max_steps is None)
+
+
+def cache_root(config) -> str:
+    """`data.token_cache_dir`, else `token_cache` under the run's storage path."""
+    from pathlib import Path
+
+    if config.data.token_cache_dir:
+        root = config.data.token_cache_dir
+    elif config.output.storage_path:
+        root = f"{config.output.storage_path.rstrip('/')}/token_cache"
+    else:
+        root = str(Path(config.output.dir).resolve() / "ray_results" / "token_cache")
+    return root if "://" in root else str(Path(root).expanduser().resolve())
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of everything that decides a tokenizer's ids: the whole fast-tokenizer definition
+    (vocabulary, merges, normaliser, pre-tokeniser, post-processor, added tokens), or a slow
+    tokenizer's vocabulary and special tokens. Truncation and padding state are left out: they
+    are per call (the cache key has the maximum length)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = json.loads(backend.to_str())
+        definition.pop("truncation", None)
+        definition.pop("padding", None)
+    else:
+        definition = {
+            "vocab": sorted(tokenizer.get_vocab().items()),
+            "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        }
+    definition["class"] = type(tokenizer).__name__
+    text = json.dumps(definition, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def corpus_fingerprint(data_config) -> list[list]:
+    """[path, size, modification time in ns] of every corpus file, in reading order. The
+    listing is names and metadata only (no contents), as for reading."""
+    files = resolve_sources(corpus_path(data_config), data_config.hf_split)
+    mtimes: dict[str, int | None] = {}
+    by_filesystem: dict[int, tuple[pafs.FileSystem, list[str]]] = {}
+    for file, filesystem in zip(files.files, files.filesystems):
+        by_filesystem.setdefault(id(filesystem), (filesystem, []))[1].append(file.path)
+    for filesystem, paths in by_filesystem.values():
+        for info in filesystem.get_file_info(paths):
+            mtimes[info.path] = info.mtime_ns
+    return [[f.path, f.size, mtimes.get(f.path)] for f in files.files]
+
+
+def cache_key(config) -> dict:
+    """Everything the cached ids depend on (see the module docstring)."""
+    from transformers import AutoTokenizer  # heavy: only when the cache is used
+
+    data = config.data
+    tokenizer = AutoTokenizer.from_pretrained(
+        config.model_path, trust_remote_code=config.model.trust_remote_code
+    )
+    return {
+        "format": CACHE_FORMAT,
+        "corpus": corpus_fingerprint(data),
+        "cleaning": {
+            "kind": data.kind,
+            "columns": corpus_columns(data),
+            "group_column": data.group_column if data.kind == "pairs" else None,
+            "hf_split": data.hf_split,
+            "max_chars": data.max_chars,
+            "deduplicate": data.deduplicate,
+            "max_rows": data.max_rows,
+        },
+        "tokenizer": {"name": config.model_path, "sha256": tokenizer_fingerprint(tokenizer)},
+        "max_seq_length": config.model.max_seq_length,
+    }
+
+
+def key_id(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in location:
+        return pafs.FileSystem.from_uri(location)
+    return pafs.LocalFileSystem(), location
+
+
+def _join(location: str, name: str) -> str:
+    return f"{location.rstrip('/')}/{name}"
+
+
+def _read_text(location: str) -> str | None:
+    filesystem, path = _filesystem(location)
+    if filesystem.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as handle:
+        return handle.read().decode()
+
+
+def _write_text(location: str, text: str) -> None:
+    """Whole or not at all: an atomic rename on a local disk, one PUT on an object store."""
+    if "://" not in location:
+        write_text_atomic(location, text)
+        return
+    filesystem, path = _filesystem(location)
+    with filesystem.open_output_stream(path) as handle:
+        handle.write(text.encode())
+
+
+def committed_shards(directory: str) -> TokenShards | None:
+    """The committed build in one key's directory, or None when there is none yet."""
+    commit_path = _join(directory, COMMIT_FILE)
+    text = _read_text(commit_path)
+    if text is None:
+        return None
+    try:
+        commit = json.loads(text)
+        data = commit["data"]
+        rows = int(commit["rows"])
+        report = DropReport.from_dict(commit["corpus"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise TokenCacheError(
+            f"{commit_path}: not a token-cache commit ({error}); delete {directory} to rebuild"
+        ) from error
+    if not data.startswith(DATA_PREFIX) or "/" in data:
+        raise TokenCacheError(f"{commit_path}: 'data' must name a {DATA_PREFIX}* directory")
+    return TokenShards(_join(directory, data), rows, report, built=False)
+
+
+def _count_rows(directory: str) -> int:
+    import pyarrow.dataset as pads
+
+    filesystem, path = _filesystem(directory)
+    return pads.dataset(path, filesystem=filesystem, format="parquet").count_rows()
+
+
+def build_shards(config, directory: str, key: dict) -> TokenShards:
+    """One Ray Data pass: read → clean → tokenise → Parquet under a fresh name, then commit."""
+    stage = tokenize_arguments(config)
+    name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
+    target = _join(directory, name)
+    filesystem, path = _filesystem(target)
+    filesystem.create_dir(path, recursive=True)
+    _write_text(_join(directory, KEY_FILE), json.dumps(key, indent=1))
+    started = time.perf_counter()
+    counter = start_drop_counter()
+    dataset = training_dataset(config.data, counter)
+    dataset = dataset.map_batches(stage.pop("fn"), **stage)
+    try:
+        dataset.write_parquet(path, filesystem=filesystem, min_rows_per_file=ROWS_PER_FILE)
+    except BaseException:
+        filesystem.delete_dir(path)  # never committed: no run would read it anyway
+        raise
+    report = collect_report(counter)
+    rows = _count_rows(target)
+    commit = {"data": name, "rows": rows, "corpus": report.as_dict(), "key_id": key_id(key)}
+    _write_text(_join(directory, COMMIT_FILE), json.dumps(commit, indent=1))
+    log.info(
+        "token cache: tokenised %d rows in %.1f s into %s", rows, time.perf_counter() - started,
+        target,
+    )  # fmt: skip
+    return TokenShards(target, rows, report, built=True)
+
+
+def token_shards(config, search: bool = False) -> TokenShards | None:
+    """The run's tokenised shards: reused when a build with this key is committed, else built
+    now. None when the cache is off for this run (`token_cache_enabled`). Ray must be up."""
+    if not token_cache_enabled(config, search):
+        return None
+    key = cache_key(config)
+    directory = _join(cache_root(config), key_id(key))
+    shards = committed_shards(directory)
+    if shards is not None:
+        log.info("token cache: reusing %d tokenised rows from %s", shards.rows, shards.directory)
+        return shards
+    return build_shards(config, directory, key)

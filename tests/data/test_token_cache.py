@@ -1,0 +1,247 @@
+"""Tokenised shards (data/token_cache.py): equal to the collator's ids, keyed so that a different
+corpus, tokenizer or maximum length never reuses them, committed atomically, and read back by a
+restarted worker and by a resumed run."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.data import token_cache
+from distributed_emb.data.collate import ContrastiveCollator
+from distributed_emb.data.epoch_stream import epoch_batches, numpy_batch
+from distributed_emb.data.readers import ROW_ID, DropReport
+from distributed_emb.data.sharding import RowShardedDataConfig
+from distributed_emb.data.token_cache import (
+    COMMIT_FILE,
+    TokenCacheError,
+    cache_key,
+    key_id,
+    token_cache_enabled,
+    token_shards,
+)
+from distributed_emb.paths import shipped_corpus
+
+MAX_LEN = 12  # short enough that some shipped sentences are cut
+
+
+def _corpus(directory: Path, lines: int = 300) -> Path:
+    texts = open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:lines]
+    path = directory / "corpus.txt"
+    path.write_text("\n".join(texts + ["", "   "]) + "\n")  # two blank lines: dropped, counted
+    return path
+
+
+def _config(corpus: Path, tokenizer: str, cache: Path, *overrides: str) -> TrainingConfig:
+    return load_config(
+        TrainingConfig,
+        None,
+        [
+            f"model.path={tokenizer}",
+            f"model.max_seq_length={MAX_LEN}",
+            f"data.path={corpus}",
+            "data.token_cache=on",
+            f"data.token_cache_dir={cache}",
+            *overrides,
+        ],
+    )
+
+
+def _data_dirs(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*/data-*"))
+
+
+# --- the key, without Ray -----------------------------------------------------------------------
+
+
+def test_the_key_changes_with_max_length_tokenizer_and_corpus(tmp_path, tiny_bert_path):
+    corpus = _corpus(tmp_path)
+    tokenizer_dir = tmp_path / "tok"
+    shutil.copytree(tiny_bert_path, tokenizer_dir)
+    base = key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c")))
+    assert base == key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c")))
+    # Settings applied when the shards are read do not split the cache.
+    same = _config(
+        corpus, tokenizer_dir, tmp_path / "c", "data.shuffle_seed=7", "train.batch_size=4"
+    )
+    assert key_id(cache_key(same)) == base
+
+    longer = _config(corpus, tokenizer_dir, tmp_path / "c", f"model.max_seq_length={MAX_LEN + 1}")
+    assert key_id(cache_key(longer)) != base
+    cleaned = _config(corpus, tokenizer_dir, tmp_path / "c", "data.max_chars=50")
+    assert key_id(cache_key(cleaned)) != base
+
+    # Another tokenizer at the same path (one added token): its ids may differ, so a new key.
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_tokens(["zzqxtoken"])
+    tokenizer.save_pretrained(tokenizer_dir)
+    retokenised = key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c")))
+    assert retokenised != base
+
+    # The corpus rewritten (other size, newer time): a new key.
+    corpus.write_text(corpus.read_text() + "One more sentence.\n")
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    assert key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c"))) != retokenised
+
+
+def test_auto_turns_on_where_tokenising_once_pays(tmp_path):
+    def enabled(*overrides, search=False):
+        config = load_config(TrainingConfig, None, list(overrides))
+        return token_cache_enabled(config, search=search)
+
+    assert not enabled()  # CPU default: workers tokenise, max_steps-free runs count anyway
+    assert enabled(search=True)  # every Tune trial reads the corpus
+    assert enabled("data.tokenize_in=ray_data")  # whole corpus read: the build replaces counting
+    assert not enabled("data.tokenize_in=ray_data", "train.max_steps=10")  # starts at once
+    assert not enabled("data.token_cache=off", search=True)
+    assert enabled("data.token_cache=on", "train.max_steps=10")
+
+
+def test_a_broken_commit_is_refused_naming_the_file(tmp_path):
+    (tmp_path / COMMIT_FILE).write_text("{not json")
+    with pytest.raises(TokenCacheError, match=rf"{COMMIT_FILE}: not a token-cache commit"):
+        token_cache.committed_shards(str(tmp_path))
+    (tmp_path / COMMIT_FILE).write_text(
+        json.dumps({"data": "../x", "rows": 1, "corpus": DropReport().as_dict()})
+    )
+    with pytest.raises(TokenCacheError, match="must name a data-"):
+        token_cache.committed_shards(str(tmp_path))
+
+
+# --- building and reading, on a local Ray -------------------------------------------------------
+
+
+def _text_by_row_id(config) -> dict[int, str]:
+    """The clean corpus through the uncached Ray path: {row id: text}."""
+    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+
+    rows = training_dataset(config.data, start_drop_counter()).take_all()
+    return {row[ROW_ID]: row["text"] for row in rows}
+
+
+@pytest.mark.ray
+def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert_path):
+    corpus, cache = _corpus(tmp_path), tmp_path / "cache"
+    config = _config(corpus, tiny_bert_path, cache)
+    shards = token_shards(config)
+    assert shards.built and shards.rows == 300
+    assert shards.report.kept == 300 and shards.report.dropped == {"empty": 2}
+    assert len(_data_dirs(cache)) == 1
+
+    # Every cached row: the ids and mask the worker-side collator makes from its text.
+    rows = shards.dataset().take_all()
+    assert len(rows) == 300 and "text" not in rows[0]
+    text = _text_by_row_id(config)
+    assert sorted(text) == sorted(r[ROW_ID] for r in rows)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
+    collate = ContrastiveCollator(tokenizer, MAX_LEN)
+    for start in range(0, 300, 64):
+        chunk = rows[start : start + 64]
+        cached = collate(numpy_batch(pa.Table.from_pylist(chunk)))  # as epoch_batches hands it
+        worker = collate({"text": np.array([text[r[ROW_ID]] for r in chunk], dtype=object)})
+        for key in ("input_ids", "attention_mask", "num_truncated"):
+            assert torch.equal(cached[key], worker[key]), key
+    assert sum(r["text__truncated"] for r in rows) > 0  # MAX_LEN cuts some: the flag is real
+
+    # The same key again: reused, nothing tokenised.
+    again = token_shards(config)
+    assert not again.built and again.directory == shards.directory and again.rows == 300
+    assert again.report.as_dict() == shards.report.as_dict()
+    assert len(_data_dirs(cache)) == 1
+
+    # Another maximum length never reuses them: a second build under its own key.
+    other = token_shards(
+        _config(corpus, tiny_bert_path, cache, f"model.max_seq_length={MAX_LEN * 2}")
+    )
+    assert other.built and Path(other.directory).parent != Path(shards.directory).parent
+    assert len(_data_dirs(cache)) == 2
+
+
+@pytest.mark.ray
+def test_a_writer_that_dies_before_its_commit_is_never_reused(
+    ray_local, tmp_path, tiny_bert_path, monkeypatch
+):
+    corpus, cache = _corpus(tmp_path, lines=80), tmp_path / "cache"
+    config = _config(corpus, tiny_bert_path, cache)
+
+    def crash(directory):
+        raise KeyboardInterrupt("killed after the shards, before the commit")
+
+    monkeypatch.setattr(token_cache, "_count_rows", crash)
+    with pytest.raises(KeyboardInterrupt):
+        token_shards(config)
+    (half,) = _data_dirs(cache)  # shards on disk, but no commit names them
+    assert not (half.parent / COMMIT_FILE).exists()
+    monkeypatch.undo()
+
+    shards = token_shards(config)
+    assert shards.built and Path(shards.directory) != half and shards.rows == 80
+
+
+@pytest.mark.ray
+def test_a_restarted_worker_reads_the_rest_of_its_epoch_from_the_shards(
+    ray_local, tmp_path, tiny_bert_path
+):
+    corpus, cache = _corpus(tmp_path), tmp_path / "cache"
+    shards = token_shards(_config(corpus, tiny_bert_path, cache))
+    all_ids = np.array(
+        sorted(r[ROW_ID] for r in shards.dataset().select_columns([ROW_ID]).take_all())
+    )
+    trained = all_ids[::3]  # what the ranks trained on before the checkpoint
+    batch = 16
+    seen = []
+    ranks = RowShardedDataConfig().configure({"train": shards.dataset()}, 2, None, None)
+    for rank, shard in enumerate(r["train"] for r in ranks):
+        for rows in epoch_batches(shard, batch, 50, seed=rank, skip=trained):
+            assert len(rows[ROW_ID]) == batch and "text__ids" in rows
+            seen.append(rows[ROW_ID])
+    seen = np.concatenate(seen)
+    assert len(seen) == len(set(seen))  # no row twice
+    assert not set(seen) & set(trained)  # none trained before
+    rest = set(all_ids) - set(trained)
+    assert set(seen) <= rest and len(rest) - len(seen) < 2 * batch  # only last partial batches
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_run_and_its_resumption_read_one_build(ray_local, tmp_path, tiny_bert_path):
+    """Two Train workers pad cached ids (no text reaches them); the resumed run continues from
+    its checkpoint reading the same shards, and nothing is tokenised a second time."""
+    from distributed_emb.train.trainer import run_training
+
+    corpus, cache = _corpus(tmp_path, lines=200), tmp_path / "cache"
+
+    def run(steps: int, *more: str) -> dict:
+        config = load_config(
+            TrainingConfig,
+            "jobs/configs/informin_tiny.yaml",
+            [
+                f"model.path={tiny_bert_path}",
+                f"data.path={corpus}",
+                "data.max_rows=null",
+                "data.token_cache=on",
+                f"data.token_cache_dir={cache}",
+                f"train.max_steps={steps}",
+                "eval.eval_steps=2",
+                "eval.max_pairs=16",
+                f"output.dir={tmp_path / 'run'}",
+                *more,
+            ],
+        )
+        return run_training(config).metrics
+
+    first = run(2)
+    assert first["steps"] == 2 and first["corpus"]["kept"] == 200
+    (build,) = _data_dirs(cache)
+    resumed = run(4, "output.resume=anyway")
+    assert [row["step"] for row in resumed["history"]] == [0, 2, 4]
+    assert resumed["restarts"] == 1  # continued from the step-2 checkpoint
+    assert resumed["corpus"] == first["corpus"]  # the build's counts, not a new read
+    assert _data_dirs(cache) == [build]
