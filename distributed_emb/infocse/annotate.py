@@ -42,6 +42,7 @@ PAIR_SCHEMA = pa.schema(
         ("round", pa.int64()),
     ]
 )
+_SORT_BLOCK_DOCUMENTS = 1024  # annotated documents per block when sorting by doc_id
 # One row per document between the actors and the Parquet writer: the counts come from here.
 _DOCUMENT_ANNOTATION_SCHEMA = pa.schema(
     [
@@ -277,9 +278,22 @@ def annotate_documents(
     counts = AnnotationCounts()
     for row in annotated.map_batches(_counts_table, batch_format="pyarrow").iter_rows():
         counts.add(AnnotationCounts(**{k: int(v) for k, v in row.items()}))
-    annotated.map_batches(
+    # Blocks arrive in whatever order actors finish them (another order on a rerun, or after a
+    # lost node's actor is restarted elsewhere), and the files' names and rows follow that
+    # order; training arranges pairs from the order read back. Sorted by doc_id, and written
+    # in that order, the files hold the same rows in the same order on every run.
+    # The sort makes one partition per input block: documents_per_batch-row blocks would make
+    # thousands of tiny partitions, so it sorts blocks of about _SORT_BLOCK_DOCUMENTS rows.
+    sort_blocks = max(1, math.ceil(counts.documents / _SORT_BLOCK_DOCUMENTS))
+    ordered = annotated.repartition(sort_blocks).sort("doc_id")
+    ordered.context.execution_options.preserve_order = True  # this dataset's own context
+    # `output_dir` is a path on the driver's machine, where the driver reads the pairs back:
+    # written by the worker nodes, each node's files would land on its own disk. `local://`
+    # runs the write tasks on the driver's node, with no CPU reserved because an on-demand
+    # head offers none (cluster/aws.yaml); they only encode and store what the actors made.
+    ordered.map_batches(
         _explode_pairs, batch_format="pyarrow", fn_kwargs={"round_index": round_index}
-    ).write_parquet(output_dir)
+    ).write_parquet(f"local://{Path(output_dir).resolve()}", ray_remote_args={"num_cpus": 0})
     result = AnnotationResult(counts, time.perf_counter() - start, output_dir)
     logger.info("round %d: %s → %s", round_index, result.summary(), output_dir)
     return result

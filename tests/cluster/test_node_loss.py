@@ -1,15 +1,24 @@
-"""A whole worker node lost mid-run (a preempted spot instance), on a multi-node cluster in
-this process (`ray.cluster_utils.Cluster`): Ray Train restores from the last checkpoint on the
-S3-protocol storage path onto a replacement node, the run finishes its planned steps,
-`restarts` counts the loss, and within the epoch no row is trained twice or skipped apart from
-the rolled-back steps (each rank's row log, output.row_log).
+"""Whole worker nodes lost mid-run (preempted spot instances), on one multi-node cluster in
+this process (`ray.cluster_utils.Cluster`) shared by three scenarios:
 
-Shape as in cluster/aws.yaml: a head with no CPU, worker nodes that each hold one Train worker
-(3 CPUs, 2 per worker: two workers cannot share a node) plus a CPU for Ray Data. A third,
-idle node stands in for the replacement the autoscaler would start after a spot loss (that
-start is what tests/cluster/test_autoscaling.py covers; `Cluster.add_node` cannot be called
-from a second thread while this process's driver trains: it hung there). The test removes the
-node of a Train worker, raylet, object store and every worker process on it at once.
+- Ray Train: restores from the last checkpoint on the S3-protocol storage path onto a
+  replacement node, finishes its planned steps, `restarts` counts the loss, and within the
+  epoch no row is trained twice or skipped apart from the rolled-back steps (each rank's row
+  log, output.row_log).
+- InfoCSE annotation: the annotation actors run on different nodes; a node lost while they
+  work (its actor and the annotated blocks in its object store gone) leaves the mined pairs
+  identical, row for row and in order, to an undisturbed run.
+- Tune: a 2-trial search whose trials run on different nodes loses only a trial with work on
+  the removed node; that trial resumes from its checkpoint and every trial reports to the end.
+
+Shape as in cluster/aws.yaml: a head with no CPU, worker nodes of 3 CPUs that each hold one
+2-CPU Train worker or annotation actor (standing in for one GPU per node: two cannot share a
+node) plus a CPU for Ray Data. The third, idle node stands in for the replacement the
+autoscaler would start after a spot loss (that start is what test_autoscaling.py covers;
+`Cluster.add_node` cannot be called from a second thread while this process's driver
+trains: it hung there). Between scenarios a fresh node replaces the one removed, so each
+scenario starts from three worker nodes. One cluster for all three saves its start-up and the
+first import of torch in each node's workers (about a minute on 2 cores).
 """
 
 from __future__ import annotations
@@ -22,16 +31,92 @@ from pathlib import Path
 import psutil
 import pytest
 from cluster_fixture import Timeline
+from ray_head import free_ports
 
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.paths import shipped_corpus
 
-# Slow: three Ray nodes and a restarted Train run (about 1.5 min on 2 cores).
+# Slow: four Ray nodes, a restarted Train run, an annotation and a search (about 4 min on
+# 2 cores; see docs/OPERATIONS.md for the measured times).
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-STEPS = 12
+REPO = Path(__file__).resolve().parents[2]
+WORKER_NODES = 3
 NODE_CPUS = 3
 OBJECT_STORE = 256 * 1024**2
+ANNOTATOR = "MapBatches(DocumentAnnotator)"  # in the names of the pool's actors and tasks
+
+
+@pytest.fixture(scope="module")
+def box(s3):
+    """Head (0 CPU, dashboard on 127.0.0.1 for the State API) + 3 worker nodes, this process
+    connected as the driver. Depends on `s3` so its endpoint is in every worker's env."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    (dashboard_port,) = free_ports(1)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": OBJECT_STORE,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": dashboard_port,
+        },
+    )
+    try:
+        for _ in range(WORKER_NODES):
+            cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE)
+        # Ray Train's helpers in the workers otherwise guess the cluster's address, and pick
+        # another one when the machine runs other Ray instances.
+        ray.init(
+            address=cluster.address, runtime_env={"env_vars": {"RAY_ADDRESS": cluster.address}}
+        )
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(box):
+    """The module's cluster with 3 worker nodes: a node the previous scenario removed is
+    replaced first (from this thread: add_node hangs from another one)."""
+    while len(box.worker_nodes) < WORKER_NODES:
+        box.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE)
+    box.wait_for_nodes()
+    return box
+
+
+def _node_of(cluster, node_id: str):
+    return next((node for node in cluster.worker_nodes if node.node_id == node_id), None)
+
+
+def _actors(class_name: str) -> list:
+    """Alive actors whose class name contains `class_name` (Ray Data names its pool's class
+    after the operator, with any fused operators before it: `MapWorker(A->MapBatches(B))`)."""
+    from ray.util.state import list_actors
+
+    alive = list_actors(
+        filters=[("state", "=", "ALIVE")], limit=10000, raise_on_missing_output=False
+    )
+    return [actor for actor in alive if class_name in actor.class_name]
+
+
+def small_corpus(tmp_path: Path, rows: int = 400) -> Path:
+    corpus = tmp_path / "corpus.txt"
+    lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:rows]
+    corpus.write_text("\n".join(lines) + "\n")
+    return corpus
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray Train
+# ---------------------------------------------------------------------------------------------
+
+STEPS = 12
 
 
 def _raylet_pid(node) -> int:
@@ -64,7 +149,7 @@ def _max_logged_step(row_logs: Path) -> int:
     return max(steps, default=-1)
 
 
-def _lose_a_node(cluster, row_logs: Path, after_step: int, timeline: Timeline, stop):
+def _lose_a_train_node(cluster, row_logs: Path, after_step: int, timeline: Timeline, stop):
     """Once a rank has trained past `after_step` (the checkpoints before it are registered by
     then), remove a node running a Train worker; then note when a Train worker runs on the
     node that was idle until then (the replacement)."""
@@ -88,24 +173,19 @@ def _lose_a_node(cluster, row_logs: Path, after_step: int, timeline: Timeline, s
         stop.wait(0.5)
 
 
-def test_node_lost_mid_run_restores_on_a_replacement_node(tmp_path, tiny_bert_path, s3):
-    import ray
-    from ray.cluster_utils import Cluster
-
+def test_train_node_lost_mid_run_restores_on_a_replacement_node(
+    cluster, tmp_path, tiny_bert_path, s3
+):
     from distributed_emb.train.trainer import run_training
 
     bucket = s3.create_bucket(f"runs-{secrets.token_hex(3)}")
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(
-        "\n".join(Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:400])
-    )
     output = tmp_path / "run"
     config = load_config(
         TrainingConfig,
-        "jobs/configs/informin_tiny.yaml",
+        str(REPO / "jobs" / "configs" / "informin_tiny.yaml"),
         [
             f"model.path={tiny_bert_path}",
-            f"data.path={corpus}",
+            f"data.path={small_corpus(tmp_path)}",
             "data.max_rows=null",
             f"train.max_steps={STEPS}",
             "train.cpus_per_worker=2",
@@ -120,38 +200,21 @@ def test_node_lost_mid_run_restores_on_a_replacement_node(tmp_path, tiny_bert_pa
         ],
     )
     timeline = Timeline()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "object_store_memory": OBJECT_STORE},
-    )
+    timeline.add(f"head + {len(cluster.worker_nodes)} worker nodes up")
     stop = threading.Event()
+    loser = threading.Thread(
+        target=_lose_a_train_node,
+        args=(cluster, output / "trained_rows", 6, timeline, stop),
+        daemon=True,
+    )
+    loser.start()
     try:
-        # Two nodes for the two Train workers, one idle (the replacement).
-        for _ in range(3):
-            cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE)
-        # Ray Train's helpers in the workers otherwise guess the cluster's address, and pick
-        # another one when the machine runs other Ray instances.
-        ray.init(
-            address=cluster.address, runtime_env={"env_vars": {"RAY_ADDRESS": cluster.address}}
-        )
-        cluster.wait_for_nodes()
-        timeline.add("head + 3 worker nodes up")
-        loser = threading.Thread(
-            target=_lose_a_node,
-            args=(cluster, output / "trained_rows", 6, timeline, stop),
-            daemon=True,
-        )
-        loser.start()
-        try:
-            result = run_training(config)
-        finally:
-            stop.set()
-            loser.join(timeout=60)
-        timeline.add("run finished")
+        result = run_training(config)
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-    print(f"node-loss timeline:\n{timeline}")
+        stop.set()
+        loser.join(timeout=60)
+    timeline.add("run finished")
+    print(f"Train node-loss timeline:\n{timeline}")
 
     assert timeline.has("node removed"), f"no node was removed:\n{timeline}"
     assert timeline.has("Train worker group restored"), str(timeline)
@@ -177,3 +240,243 @@ def test_node_lost_mid_run_restores_on_a_replacement_node(tmp_path, tiny_bert_pa
     assert len(rows) == len(set(rows)) == STEPS * 16  # no row twice, none skipped
     assert {r["epoch"] for r in kept} == {0}
     print(f"resumed from step {resumed_from}; {len(rolled_back)} rank-batches rolled back")
+
+
+# ---------------------------------------------------------------------------------------------
+# InfoCSE annotation
+# ---------------------------------------------------------------------------------------------
+
+
+def _finished_annotation_tasks() -> dict[str, int]:
+    """node id → annotation batches finished there so far."""
+    from ray.util.state import list_tasks
+
+    done: dict[str, int] = {}
+    tasks = list_tasks(
+        filters=[("state", "=", "FINISHED")], limit=10000, raise_on_missing_output=False
+    )
+    for task in tasks:
+        if ANNOTATOR in task.name and task.node_id:
+            done[task.node_id] = done.get(task.node_id, 0) + 1
+    return done
+
+
+def _lose_an_annotating_node(cluster, timeline: Timeline, stop, seen: dict):
+    """Once annotation actors run on two nodes and one has finished a batch (its annotated
+    blocks are in that node's object store), remove that node; then note the actor that
+    replaces it."""
+    while not stop.is_set():
+        actors = _actors(ANNOTATOR)
+        seen["actor_nodes"] = {actor.node_id for actor in actors}
+        done = _finished_annotation_tasks()
+        ready = [node for node in done if node in seen["actor_nodes"]]
+        if len(seen["actor_nodes"]) >= 2 and ready:
+            break
+        stop.wait(0.2)
+    else:
+        return
+    victim = _node_of(cluster, ready[0])
+    if victim is None:
+        timeline.add(f"cannot stage the loss: node {ready[0][-6:]} is not a worker node")
+        return
+    seen["removed"] = victim.node_id
+    seen["batches_before"] = sum(done.values())
+    cluster.remove_node(victim)
+    timeline.add(
+        f"node removed after {seen['batches_before']} batches annotated "
+        f"({done[ready[0]]} on it); actors were on {len(seen['actor_nodes'])} nodes"
+    )
+    while not stop.is_set():
+        alive = _actors(ANNOTATOR)
+        if len(alive) >= 2 and all(a.node_id != seen["removed"] for a in alive):
+            timeline.add("annotation actor restarted on another node")
+            return
+        stop.wait(0.5)
+
+
+def test_annotation_node_lost_mid_run_mines_the_same_pairs(cluster, tmp_path, tiny_bert_path):
+    import ray
+
+    from distributed_emb.infocse.annotate import (
+        AnnotationConfig,
+        annotate_documents,
+        annotate_documents_locally,
+    )
+    from distributed_emb.infocse.idc import IDCConfig
+    from distributed_emb.infocse.pairs import read_pairs
+
+    lines = Path(shipped_corpus("lee_documents.jsonl")).read_text().splitlines()[:120]
+    documents = [
+        {"doc_id": row["id"], "sentences": row["sentences"]}
+        for row in (json.loads(line) for line in lines)
+    ]
+    config = AnnotationConfig(
+        pooler="mean",
+        concurrency=2,
+        num_cpus_per_actor=2,  # one actor per 3-CPU node, as one per GPU node
+        documents_per_batch=2,  # 60 small batches: the loss lands mid-run
+        idc=IDCConfig(top_k=2, max_pairs_per_cluster=3, seed=5),
+    )
+    timeline = Timeline()
+    timeline.add(f"head + {len(cluster.worker_nodes)} worker nodes up")
+    stop, seen = threading.Event(), {}
+    loser = threading.Thread(
+        target=_lose_an_annotating_node, args=(cluster, timeline, stop, seen), daemon=True
+    )
+    loser.start()
+    try:
+        result = annotate_documents(
+            ray.data.from_items(documents),
+            tiny_bert_path,
+            str(tmp_path / "pairs"),
+            round_index=1,
+            config=config,
+        )
+    finally:
+        stop.set()
+        loser.join(timeout=60)
+    timeline.add("annotation finished")
+    print(f"annotation node-loss timeline:\n{timeline}")
+
+    assert "removed" in seen, f"annotation ended before a node was lost:\n{timeline}"
+    assert len(seen["actor_nodes"]) >= 2, seen
+    batches = len(documents) // config.documents_per_batch
+    assert seen["batches_before"] < batches, "the loss came after the last batch"
+    # The undisturbed run: one process, every document alone (tests/infocse/test_annotate.py
+    # shows it equals an undisturbed Ray run), in doc_id order as annotate_documents writes.
+    reference, undisturbed = annotate_documents_locally(
+        documents, tiny_bert_path, round_index=1, config=config
+    )
+    expected = sorted(reference, key=lambda pair: pair["doc_id"])  # stable: in-document order
+    mined = read_pairs(str(tmp_path / "pairs"))
+    assert len(mined) == len(expected) > 0
+    assert mined == expected  # same pairs, none twice, none lost, same order
+    assert result.counts == undisturbed.counts
+    assert result.counts.documents == len(documents)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tune
+# ---------------------------------------------------------------------------------------------
+
+TUNE_STEPS = 12
+
+
+def _trainer_states(s3, bucket: str, prefix: str) -> dict[str, list[dict]]:
+    """run name → trainer_state.json of each checkpoint on the storage path, by step."""
+    client = s3.client()
+    states: dict[str, list[dict]] = {}
+    for key in s3.keys(bucket, prefix):
+        if key.endswith("/trainer_state.json") and "/checkpoint_" in key:
+            run = key[len(prefix) :].split("/")[0]
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            states.setdefault(run, []).append(json.loads(body))
+    return {run: sorted(found, key=lambda s: s["step"]) for run, found in states.items()}
+
+
+def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen: dict):
+    """Once both trials have a checkpoint after step 0, remove a node running a Train worker
+    (one with no trial driver or Train controller on it when there is one)."""
+    while not stop.is_set():
+        states = _trainer_states(s3, bucket, "runs/search-")
+        if len(states) == 2 and all(found[-1]["step"] >= 2 for found in states.values()):
+            break
+        stop.wait(0.3)
+    else:
+        return
+    workers = {a.node_id for a in _actors("RayTrainWorker")}
+    drivers = {a.node_id for a in _actors("ImplicitFunc")} | {
+        a.node_id for a in _actors("TrainController")
+    }
+    seen["worker_nodes"] = workers
+    candidates = sorted(workers - drivers) or sorted(workers)
+    victim = _node_of(cluster, candidates[0]) if candidates else None
+    if victim is None:
+        timeline.add(f"cannot stage the loss: Train workers on {workers}")
+        return
+    seen["removed"] = victim.node_id
+    seen["only_workers"] = victim.node_id not in drivers
+    cluster.remove_node(victim)
+    timeline.add(
+        "node removed (both trials checkpointed past step 0; trials' workers on "
+        f"{len(workers)} nodes; drivers on it: {not seen['only_workers']})"
+    )
+    while not stop.is_set():
+        alive = _actors("RayTrainWorker")
+        if len(alive) >= 2 and all(a.node_id != seen["removed"] for a in alive):
+            timeline.add("both trials' Train workers alive again, none on the removed node")
+            return
+        stop.wait(0.5)
+
+
+def test_tune_node_lost_mid_search_resumes_only_the_trial_on_it(
+    cluster, tmp_path, tiny_bert_path, s3
+):
+    from ray import tune as ray_tune
+
+    from distributed_emb.tune.driver import run_search
+    from distributed_emb.tune.settings import SearchJobConfig
+
+    bucket = s3.create_bucket(f"runs-{secrets.token_hex(3)}")
+    config = load_config(
+        SearchJobConfig,
+        str(REPO / "jobs" / "configs" / "tune_tiny.yaml"),
+        [
+            f"model.path={tiny_bert_path}",
+            f"data.path={small_corpus(tmp_path, 300)}",
+            "train.num_workers=1",
+            "train.cpus_per_worker=2",  # one trial per node
+            f"train.max_steps={TUNE_STEPS}",
+            "train.max_failures=1",  # a lost Train worker: Train restores the trial's run
+            "tune.max_failures=1",  # a lost trial driver: Tune retries, Train resumes
+            "tune.num_samples=2",
+            "tune.scheduler=fifo",  # both trials run to the end: the outcome is known
+            "eval.eval_steps=2",
+            f"output.storage_path={bucket}/runs",
+            f"output.dir={tmp_path / 'search'}",
+        ],
+    )
+    name = bucket.removeprefix("s3://")
+    timeline = Timeline()
+    timeline.add(f"head + {len(cluster.worker_nodes)} worker nodes up")
+    stop, seen = threading.Event(), {}
+    loser = threading.Thread(
+        target=_lose_a_trial_node, args=(cluster, s3, name, timeline, stop, seen), daemon=True
+    )
+    loser.start()
+    try:
+        search = run_search(config)
+    finally:
+        stop.set()
+        loser.join(timeout=60)
+    timeline.add("search finished")
+    print(f"Tune node-loss timeline:\n{timeline}")
+
+    assert "removed" in seen, f"the search ended before a node was lost:\n{timeline}"
+    assert len(seen["worker_nodes"]) == 2, f"the trials shared a node: {seen}"
+    assert not search.interrupted
+    analysis = ray_tune.ExperimentAnalysis(search.experiment_path)
+    assert [t.status for t in analysis.trials] == ["TERMINATED"] * 2
+    for trial in analysis.trials:
+        assert trial.last_result["step"] == TUNE_STEPS, trial.last_result
+
+    states = _trainer_states(s3, name, "runs/search-")
+    assert len(states) == 2, states.keys()
+    final = {run: found[-1] for run, found in states.items()}
+    for run, state in final.items():
+        # Every evaluation exactly once: a resumed trial continued, it did not start over.
+        history = [row["step"] for row in state["history"]]
+        assert history == list(range(0, TUNE_STEPS + 1, 2)), (run, history)
+    restarted = sorted(run for run, state in final.items() if state["restarts"] > 0)
+    assert restarted, f"no trial restarted after losing a node: {final}"
+    for run in restarted:
+        assert final[run]["restarts"] == 1, final[run]
+    # What Tune was told: each evaluation once per trial. A trial that started over instead
+    # of resuming from its checkpoint would report step 0 again.
+    frames = analysis.trial_dataframes  # keyed by each trial's storage path
+    for trial in analysis.trials:
+        (frame,) = [f for path, f in frames.items() if path.endswith(f"trial_{trial.trial_id}")]
+        reported = frame["step"].tolist()
+        assert reported == list(range(0, TUNE_STEPS + 1, 2)), (trial.trial_id, reported)
+    if seen["only_workers"]:  # the removed node held one trial's worker and nothing else
+        assert len(restarted) == 1, final
