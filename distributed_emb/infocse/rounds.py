@@ -5,6 +5,13 @@ Round r annotates the documents with round r−1's model (round 1: the initial m
 a copy of the same model on the pairs with the core trainer (in-batch and cross-worker
 negatives, same-document negatives masked), and scores STS-B dev and an STS-B-dev retrieval
 set. InfoCSE++ adds a supervised fine-tuning step on labelled pairs after each round.
+
+What a run leaves in `output_dir`: `rounds.json` and `rounds.md` (the table), `rounds.png`
+(STS-B dev, retrieval and mined pairs per round), `rounds_log.jsonl` and `tensorboard/` (one
+row per round: kind `rounds` for the initial model and the InfoCSE rounds, `supervised` for
+InfoCSE++ steps, step = round), `run.log` (the round lines), `model/` (the best round's), and
+per round `round_<r>/train/` with that training's own `run.log` (its step and evaluation
+lines), `train_log.jsonl`, `tensorboard/`, `learning_curves.png` and `metrics.json`.
 """
 
 from __future__ import annotations
@@ -25,8 +32,12 @@ from distributed_emb.evaluation.sts import read_stsb, stsb_score
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
+from distributed_emb.tracking import MetricsSinks, Panel, write_panels
 
 log = logging.getLogger(__name__)
+
+ROUNDS_LOG = "rounds_log.jsonl"
+PLOT_FILE = "rounds.png"
 
 
 @dataclass
@@ -109,7 +120,7 @@ def _train(
     # One Ray Train run per round and stage ("<name>-round_2-train"): with a shared
     # output.storage_path, a round must never find (and resume) another round's checkpoints.
     # A rerun deletes the round directory and starts the round afresh: so does its run.
-    base_name = config.training.output.run_name or Path(config.output_dir).name
+    base_name = _base_run_name(config)
     training.output.run_name = f"{base_name}-{Path(output_dir).parent.name}-{Path(output_dir).name}"
     training.output.resume = "overwrite"
     # The round's model is its training's best trained checkpoint, even when worse than the
@@ -119,7 +130,14 @@ def _train(
     for section_key, value in (overrides or {}).items():
         section, key = section_key.split(".")
         setattr(getattr(training, section), key, value)
+    # The training's step and evaluation lines go to its own run.log (rank 0 writes it).
+    log.info("%s: training, step lines in %s", training.output.run_name,
+             Path(output_dir) / "run.log")  # fmt: skip
     return run_training(training)
+
+
+def _base_run_name(config: InfoCSEConfig) -> str:
+    return config.training.output.run_name or Path(config.output_dir).name
 
 
 def _arranged_pairs_file(
@@ -165,16 +183,27 @@ def supervised_pairs_file(config: InfoCSEConfig, path: Path) -> int:
 
 
 def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    sinks = MetricsSinks.start(
+        config.training.logging, output, asdict(config), _base_run_name(config),
+        log_name=ROUNDS_LOG, key="training.logging",
+    )  # fmt: skip
+    try:
+        return _run_rounds(config, output, sinks)
+    finally:
+        sinks.close()
+
+
+def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> list[RoundRecord]:
     from distributed_emb.data.documents import read_documents
     from distributed_emb.infocse.annotate import annotate_documents
     from distributed_emb.infocse.pairs import pair_overlap
 
-    output = Path(config.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
     corpus = read_documents(config.documents)
     initial = config.training.model_path
     records = [RoundRecord(0, "initial", initial, **_dev_fields(evaluate_dev(initial, config)))]
-    _print_row(records[-1])
+    _print_row(records[-1], sinks)
     best = records[0]
     current_model, previous_pairs, rounds_without_gain = initial, None, 0
     annotation_config = _with_fixed_length(config.annotation, initial)
@@ -217,11 +246,11 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
             **_dev_fields(evaluate_dev(result.model_dir, config)),
         )
         records.append(record)
-        _print_row(record)
+        _print_row(record, sinks)
         if config.supervised.enabled:
             record = _supervised_round(config, index, result.model_dir, round_dir)
             records.append(record)
-            _print_row(record)
+            _print_row(record, sinks)
         current_model, previous_pairs = record.model_dir, pairs
         if record.stsb_dev > best.stsb_dev + config.rounds.min_improvement:
             best, rounds_without_gain = record, 0
@@ -320,8 +349,39 @@ def format_table(records: list[RoundRecord]) -> str:
     return "\n".join([HEADER] + [format_row(r) for r in records])
 
 
-def _print_row(record: RoundRecord) -> None:
+def _print_row(record: RoundRecord, sinks: MetricsSinks) -> None:
     log.warning("InfoCSE %s", format_row(record))
+    kind = "supervised" if record.stage == "supervised" else "rounds"
+    numbers = {k: v for k, v in asdict(record).items() if k not in ("round", "stage")}
+    sinks.log(record.round, numbers, kind)
+
+
+def rounds_panels(records: list[RoundRecord]) -> list[Panel]:
+    """The plot's charts, against the round (0: the initial model): STS-B dev, retrieval
+    MRR and R@1 on the STS-B dev retrieval set, and the pairs mined. InfoCSE++'s supervised
+    steps are their own lines."""
+    unsupervised = [r for r in records if r.stage != "supervised"]
+    supervised = [r for r in records if r.stage == "supervised"]
+
+    def points(rows, field_name):
+        return [(r.round, getattr(r, field_name)) for r in rows]
+
+    dev = {"InfoCSE": points(unsupervised, "stsb_dev")}
+    retrieval = {
+        "MRR": points(unsupervised, "retrieval_mrr"),
+        "R@1": points(unsupervised, "retrieval_recall_at_1"),
+    }
+    if supervised:
+        dev["InfoCSE++ (supervised)"] = points(supervised, "stsb_dev")
+        retrieval["MRR, supervised"] = points(supervised, "retrieval_mrr")
+        retrieval["R@1, supervised"] = points(supervised, "retrieval_recall_at_1")
+    rounds = sorted({r.round for r in records})
+    mined = [r for r in records if r.stage == "infocse"]
+    return [
+        Panel("STS-B dev Spearman", "round", dev, xticks=rounds),
+        Panel("STS-B dev retrieval", "round", retrieval, xticks=rounds),
+        Panel("pairs mined", "round", {"pairs": points(mined, "pairs")}, xticks=rounds),
+    ]
 
 
 def _save(records: list[RoundRecord], best: RoundRecord, output: Path) -> None:
@@ -330,3 +390,4 @@ def _save(records: list[RoundRecord], best: RoundRecord, output: Path) -> None:
         json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2),
     )
     write_text_atomic(output / "rounds.md", format_table(records) + "\n")
+    write_panels(rounds_panels(records), output / PLOT_FILE, title="InfoCSE rounds")

@@ -8,6 +8,8 @@ import pytest
 
 from distributed_emb.config import ConfigError, load_config
 from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.rounds import RoundRecord, _print_row, _save
+from distributed_emb.tracking import MetricsSinks, read_train_log, write_panels
 
 
 def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
@@ -75,6 +77,14 @@ def test_two_rounds_annotate_train_and_export_the_best(
         np.testing.assert_allclose(exported, reference, rtol=1e-6, atol=1e-6)
     assert (tmp_path / "out" / "rounds.md").read_text().startswith("round")
     assert Path(records[1].model_dir).is_dir()
+    # One row per round in the rounds' sinks; each round's training has its own run.log with
+    # its step and evaluation lines.
+    logged = read_train_log(tmp_path / "out" / "rounds_log.jsonl")
+    assert [(r["kind"], r["step"]) for r in logged] == [("rounds", 0), ("rounds", 1), ("rounds", 2)]
+    assert [r["stsb_dev"] for r in logged] == [pytest.approx(r.stsb_dev) for r in records]
+    assert (tmp_path / "out" / "rounds.png").read_bytes()[:4] == b"\x89PNG"
+    round_log = (tmp_path / "out" / "round_1" / "train" / "run.log").read_text()
+    assert "step 2/2 STS-B dev Spearman" in round_log
 
 
 def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_path):
@@ -115,3 +125,56 @@ def test_a_round_can_stream_its_pairs_straight_from_the_annotation_shards(
     assert records[1].pairs == mined and records[1].train_steps == 2
     metrics = json.loads((tmp_path / "out" / "round_1" / "train" / "metrics.json").read_text())
     assert 0 < metrics["corpus"]["kept"] <= mined  # rows streamed from the shards
+
+
+def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
+    """rounds.png holds STS-B dev, retrieval and mined pairs per round (InfoCSE++ steps as
+    their own lines); rounds_log.jsonl and TensorBoard one row per round."""
+    from distributed_emb.config import LoggingConfig
+    from distributed_emb.infocse import rounds
+
+    records = [
+        RoundRecord(0, "initial", "m0", stsb_dev=70.0, retrieval_mrr=0.5,
+                    retrieval_recall_at_1=0.4),
+        RoundRecord(1, "infocse", "m1", pairs=120, stsb_dev=72.5, retrieval_mrr=0.55,
+                    retrieval_recall_at_1=0.45, train_steps=10, kept_step=10),
+        RoundRecord(1, "supervised", "m1s", pairs=30, stsb_dev=75.0, retrieval_mrr=0.6,
+                    retrieval_recall_at_1=0.5),
+        RoundRecord(2, "infocse", "m2", pairs=90, overlap_with_previous=0.25, stsb_dev=71.0,
+                    retrieval_mrr=0.52, retrieval_recall_at_1=0.41),
+    ]  # fmt: skip
+    plotted = []
+
+    def record_plot(panels, path, title=None):
+        plotted.append(panels)
+        return write_panels(panels, path, title)
+
+    monkeypatch.setattr(rounds, "write_panels", record_plot)
+    sinks = MetricsSinks.start(LoggingConfig(), tmp_path, {}, "test", log_name="rounds_log.jsonl")
+    for record in records:
+        _print_row(record, sinks)
+    sinks.close()
+    _save(records, records[2], tmp_path)
+
+    (panels,) = plotted
+    dev, retrieval, pairs = panels
+    assert dev.series == {
+        "InfoCSE": [(0, 70.0), (1, 72.5), (2, 71.0)],
+        "InfoCSE++ (supervised)": [(1, 75.0)],
+    }
+    assert retrieval.series["MRR"] == [(0, 0.5), (1, 0.55), (2, 0.52)]
+    assert retrieval.series["R@1, supervised"] == [(1, 0.5)]
+    assert pairs.series == {"pairs": [(1, 120), (2, 90)]} and dev.xticks == [0, 1, 2]
+    assert (tmp_path / "rounds.png").read_bytes()[:4] == b"\x89PNG"
+
+    logged = read_train_log(tmp_path / "rounds_log.jsonl")
+    assert [(r["kind"], r["step"], r["stsb_dev"]) for r in logged] == [
+        ("rounds", 0, 70.0), ("rounds", 1, 72.5), ("supervised", 1, 75.0), ("rounds", 2, 71.0)
+    ]  # fmt: skip
+    assert logged[3]["overlap_with_previous"] == 0.25 and "overlap_with_previous" not in logged[0]
+    accumulator_module = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    accumulator = accumulator_module.EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    assert [e.value for e in accumulator.Scalars("rounds/stsb_dev")] == [70.0, 72.5, 71.0]
