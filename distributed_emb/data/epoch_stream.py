@@ -45,8 +45,11 @@ def epoch_batches(
     pending: list[pa.Table] = []
     pending_rows = 0
     skip_ids = pa.array(skip, pa.int64()) if skip is not None and len(skip) else None
+    fetch = max(batch_size, FETCH_ROWS)
+    if shuffle_buffer_rows:  # Ray draws each batch from a buffer at least that large
+        fetch = max(batch_size, min(fetch, shuffle_buffer_rows))
     for table in shard.iter_batches(
-        batch_size=max(batch_size, FETCH_ROWS),
+        batch_size=fetch,
         batch_format="pyarrow",
         prefetch_batches=2,
         local_shuffle_buffer_size=shuffle_buffer_rows or None,

@@ -82,6 +82,16 @@ class TokenShards:
         return ray.data.read_parquet(path, filesystem=filesystem)
 
 
+# Settings the cached ids depend on (cache_key), all of data.* included: a search that varies
+# one of them cannot share one build among its trials.
+KEY_SETTINGS = ("model.path", "model.max_seq_length", "model.trust_remote_code", "data.")
+
+
+def searched_key_settings(space) -> list[str]:
+    """The searched keys (dotted) that change the cached ids."""
+    return [key for key in space if key.startswith(KEY_SETTINGS)]
+
+
 def token_cache_enabled(config, search: bool = False) -> bool:
     """`data.token_cache`: on, off, or auto. Auto writes the shards where tokenising once is
     cheaper than what the run would do without them: a Tune search (every trial reads the

@@ -24,6 +24,7 @@ from distributed_emb.data.token_cache import (
     TokenCacheError,
     cache_key,
     key_id,
+    searched_key_settings,
     token_cache_enabled,
     token_shards,
 )
@@ -102,6 +103,13 @@ def test_auto_turns_on_where_tokenising_once_pays(tmp_path):
     assert not enabled("data.tokenize_in=ray_data", "train.max_steps=10")  # starts at once
     assert not enabled("data.token_cache=off", search=True)
     assert enabled("data.token_cache=on", "train.max_steps=10")
+
+
+def test_a_search_that_varies_what_the_ids_depend_on_does_not_share_one_build():
+    space = {"train.learning_rate": None, "loss.temperature": None}
+    assert searched_key_settings(space) == []
+    space.update({"model.max_seq_length": None, "data.max_chars": None})
+    assert searched_key_settings(space) == ["model.max_seq_length", "data.max_chars"]
 
 
 def test_a_broken_commit_is_refused_naming_the_file(tmp_path):
