@@ -28,6 +28,7 @@ from typing import Any
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+from distributed_emb.data.token_cache import searched_key_settings, token_shards
 from distributed_emb.resource_plan import (
     ClusterShape,
     Extra,
@@ -176,6 +177,7 @@ def run_trial(
     num_rows: int,
     name: str,
     worker_cpus: float | None = None,
+    pretokenised: bool = False,
 ) -> None:
     """One Tune trial: the base config with this trial's values, trained by the job's own
     TorchTrainer; every evaluation reaches Tune through TuneReportCallback."""
@@ -200,6 +202,7 @@ def run_trial(
         run_name,
         callbacks=[TuneReportCallback()],
         worker_cpus=trial_worker_cpus(config, worker_cpus),
+        pretokenised=pretokenised,
     )
     trainer.fit()  # raises when the run fails: Tune marks the trial errored (or retries it)
 
@@ -242,7 +245,12 @@ def build_searcher(config: SearchJobConfig, max_concurrent: int):
 
 
 def make_trainable(
-    base: TrainingConfig, dataset, num_rows: int, paths: SearchPaths, worker_cpus=None
+    base: TrainingConfig,
+    dataset,
+    num_rows: int,
+    paths: SearchPaths,
+    worker_cpus=None,
+    pretokenised: bool = False,
 ):
     """run_trial with the base config, the shared dataset and the plan's worker reservation
     bound, on DRIVER_CPU."""
@@ -257,6 +265,7 @@ def make_trainable(
         num_rows=num_rows,
         name=paths.name,
         worker_cpus=worker_cpus,
+        pretokenised=pretokenised,
     )
     return ray_tune.with_resources(trainable, {"cpu": DRIVER_CPU})
 
@@ -367,17 +376,27 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         max_concurrent,
     )
 
-    counter = start_drop_counter()
-    # Blocks in the object store: trials run no read tasks (the counts are then complete).
-    dataset = training_dataset(config.data, counter).materialize()
-    report = collect_report(counter)
+    # Tokenised once for all trials (data/token_cache.py), unless the search varies a setting
+    # the token ids depend on. Blocks in the object store: trials run no read tasks.
+    varied = searched_key_settings(space)
+    if varied:
+        log.info("token cache off: the search varies %s", ", ".join(varied))
+    shards = None if varied else token_shards(base, search=True)
+    if shards is not None:
+        dataset, report = shards.dataset().materialize(), shards.report
+    else:
+        counter = start_drop_counter()
+        dataset = training_dataset(config.data, counter).materialize()
+        report = collect_report(counter)  # complete: every block has been read
     num_rows = dataset.count()
     corpus_load_s = time.time() - started
     log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
     check_batches_fit(base, space, num_rows)
     log.info("searching %s", ", ".join(f"{k} {d.describe()}" for k, d in space.items()))
 
-    trainable = make_trainable(base, dataset, num_rows, paths, worker_cpus)
+    trainable = make_trainable(
+        base, dataset, num_rows, paths, worker_cpus, pretokenised=shards is not None
+    )
     if resume:
         tuner = ray_tune.Tuner.restore(
             paths.experiment, trainable=trainable, resume_unfinished=True, resume_errored=False
