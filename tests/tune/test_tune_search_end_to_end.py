@@ -126,6 +126,31 @@ def search(tmp_path_factory, tiny_bert_path):
     }
 
 
+def test_each_trial_logs_into_its_own_directory_and_tune_writes_event_files(search):
+    """Trials run side by side: each has its own run.log, train_log.jsonl and tensorboard/
+    under trials/<run name>/ (docs/TUNE.md); Tune's own event files, one set per trial, hold
+    the reported evaluations."""
+    from distributed_emb.tracking import read_train_log
+
+    output = search["output"]
+    assert sorted(p.name for p in (output / "trials").iterdir()) == sorted(
+        f"search-{trial}" for trial in search["reports"]
+    )
+    for trial, reports in search["reports"].items():
+        own = output / "trials" / f"search-{trial}"
+        evals = [r for r in read_train_log(own / "train_log.jsonl") if r["kind"] == "eval"]
+        # This trial's own scores; a trial that ASHA stops or that is killed may log one more
+        # evaluation than reached Tune.
+        logged = {r["step"]: r["stsb_dev_spearman"] for r in evals}
+        assert sorted(logged)[: len(reports)] == [r["step"] for r in reports]
+        for report in reports:
+            assert logged[report["step"]] == pytest.approx(report["stsb_dev_spearman"])
+        assert "STS-B dev Spearman" in (own / "run.log").read_text()
+        assert list((own / "tensorboard").glob("events.out.tfevents.*"))
+        assert list((output / "search" / f"trial_{trial}").glob("events.out.tfevents.*"))
+    assert not (output / "train_log.jsonl").exists()  # nothing shared between trials
+
+
 def test_a_killed_trial_is_listed_as_errored_and_the_others_finish(search):
     assert search["code"] == 0
     assert search["killed"] is not None, "no Train worker was found to kill"
