@@ -27,9 +27,9 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from distributed_emb.config import TrainLoopConfig
 from distributed_emb.tables import markdown_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,16 +39,8 @@ WORKERS = 2
 MAX_SEQ_LENGTH = 32
 
 
-@dataclass
-class TrainCfg:
-    """The DDPEngine knobs of the default InforMin-CL config."""
-
-    precision: str = "fp32"
-    max_grad_norm: float | None = 1.0
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    gradient_accumulation_steps: int = 1
+# The DDPEngine knobs of the default InforMin-CL config.
+TRAIN = TrainLoopConfig(max_grad_norm=1.0, learning_rate=1e-5)
 
 
 def _peak_rss_mib() -> float:
@@ -79,7 +71,7 @@ def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps:
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     encoder = TrainableEncoder(path, pooler="mean", mlp_head=True).train()
-    engine = DDPEngine(encoder, TrainCfg(), total_steps=steps, device=torch.device("cpu"))
+    engine = DDPEngine(encoder, TRAIN, total_steps=steps, device=torch.device("cpu"))
     weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
     collate = ContrastiveCollator(tokenizer, MAX_SEQ_LENGTH)
     lines = [s for s in Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines() if s]

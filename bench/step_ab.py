@@ -37,7 +37,8 @@ def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -
     from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
     from distributed_emb.losses.objective import ObjectiveWeights
     from distributed_emb.model.encoder import TrainableEncoder
-    from distributed_emb.train.engine import build_engine, build_optimizer, build_scheduler
+    from distributed_emb.train.engine import build_engine
+    from distributed_emb.train.optim import build_optimizer, build_scheduler
     from distributed_emb.train.step import plain_step
 
     transformers.logging.set_verbosity_error()

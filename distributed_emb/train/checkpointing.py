@@ -1,6 +1,7 @@
-"""What a training checkpoint holds beyond the engine's weights and optimizer: the loop's
-position (step, epoch, batches consumed in the epoch), the RNG states, the config and the
-run's identity (run_identity.json: the fingerprint of the settings that define the run).
+"""What a training checkpoint holds: the encoder's weights (model.safetensors, written and read
+here for every engine), the loop's position (step, epoch, batches consumed in the epoch), the
+RNG states, the config and the run's identity (run_identity.json: the fingerprint of the
+settings that define the run). The engines add their optimizer and scheduler state.
 
 Everything is JSON, safetensors or plain tensors loaded with weights_only=True: a checkpoint
 from shared storage can never run code when it is loaded.
@@ -14,11 +15,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
 
 from distributed_emb.train.run_identity import CONFIG_FILE, IDENTITY_FILE, identity_record
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
+MODEL_FILE = "model.safetensors"
+
+
+def save_module_weights(state_dict: dict, path: str) -> None:
+    """safetensors, every key stored (tied weights as copies): loads with no pickle."""
+    save_file({k: v.detach().contiguous().cpu().clone() for k, v in state_dict.items()}, path)
+
+
+def load_encoder_weights(module: nn.Module, checkpoint_dir: str) -> None:
+    """Weights only (for export, evaluation and resume), whichever engine saved them."""
+    state = load_file(str(Path(checkpoint_dir) / MODEL_FILE))
+    module.load_state_dict(state, strict=True)
 
 
 @dataclass

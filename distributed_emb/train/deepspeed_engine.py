@@ -1,8 +1,8 @@
-"""DeepSpeed ZeRO (stages 0–3) behind the same interface as DDPEngine.
+"""DeepSpeed ZeRO (stages 0–3) behind the `Engine` interface (train/engine.py).
 
-DeepSpeed is imported here, inside the worker, never on the driver: it fails to import on
-some CPU-only machines. On CPU it runs through its CPU accelerator with the gloo group Ray
-Train already created.
+DeepSpeed is imported inside `DeepSpeedEngine`, in the worker, never on the driver: it fails
+to import on some CPU-only machines. On CPU it runs through its CPU accelerator with the gloo
+group Ray Train already created.
 
 Choices that differ from DeepSpeed's defaults, on purpose:
 - `gradient_clipping` is set from train.max_grad_norm (DeepSpeed 0.19 defaults it to 1.0).
@@ -29,14 +29,13 @@ import torch
 from torch import nn
 
 from distributed_emb import distributed
-from distributed_emb.config import merge_trees
-from distributed_emb.train.engine import (
+from distributed_emb.config import TrainLoopConfig, merge_trees
+from distributed_emb.train.checkpointing import (
     MODEL_FILE,
-    build_optimizer,
-    build_scheduler,
     load_encoder_weights,
     save_module_weights,
 )
+from distributed_emb.train.optim import build_optimizer, build_scheduler
 
 DEEPSPEED_TAG = "deepspeed"
 
@@ -82,7 +81,7 @@ def load_weights_only(path: str, map_location=None):
         ) from None
 
 
-def deepspeed_config(train_config) -> dict:
+def deepspeed_config(train_config: TrainLoopConfig) -> dict:
     config = {
         "train_micro_batch_size_per_gpu": train_config.batch_size,
         "gradient_accumulation_steps": train_config.gradient_accumulation_steps,
@@ -109,10 +108,14 @@ def deepspeed_config(train_config) -> dict:
 
 
 class DeepSpeedEngine:
-    name = "deepspeed"
-
-    def __init__(self, module: nn.Module, train_config, total_steps: int, device: torch.device):
-        import deepspeed
+    def __init__(
+        self,
+        module: nn.Module,
+        train_config: TrainLoopConfig,
+        total_steps: int,
+        device: torch.device,
+    ):
+        import deepspeed  # optional
 
         self.module = module.to(device)
         self.device = device
@@ -145,6 +148,31 @@ class DeepSpeedEngine:
         if not self.engine.is_gradient_accumulation_boundary():
             # DeepSpeed counts micro-batches in step(); it updates only at the boundary.
             self.engine.step()
+
+    def mini_batch_scope(self, last: bool, synchronise: bool):
+        # The last mini-batch is the loop's micro-batch as DeepSpeed counts it: the engine's own
+        # boundary (and its wrapper's accumulation bookkeeping) apply unchanged. The earlier
+        # ones run with the boundary off, DeepSpeed's documented way to add backward calls
+        # inside one optimizer step (no_sync() itself is refused at ZeRO >= 2).
+        return contextlib.nullcontext() if last else self._no_boundary()
+
+    @contextlib.contextmanager
+    def _no_boundary(self):
+        self.engine.set_gradient_accumulation_boundary(False)
+        try:
+            yield
+        finally:
+            # None: DeepSpeed decides the boundary from its micro-step counter again (the
+            # engine's state outside this scope: only this scope ever sets it).
+            self.engine.set_gradient_accumulation_boundary(None)
+
+    def mini_batch_backward(self, loss: torch.Tensor, last: bool) -> None:
+        if last:
+            self.backward(loss)
+        else:
+            # The wrapper's backward advances DeepSpeed's micro-step counter once per loop
+            # micro-batch; the earlier mini-batches must not count as micro-batches.
+            self.engine.backward(loss)
 
     def step(self) -> None:
         self.engine.step()

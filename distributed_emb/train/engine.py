@@ -1,55 +1,74 @@
-"""One interface over the ways to run data-parallel training: DDP here, DeepSpeed ZeRO beside it.
+"""The engine interface (`Engine`) and its DDP implementation; DeepSpeed ZeRO is the other
+(train/deepspeed_engine.py). Which engine runs is configuration (`train.engine`).
 
-The loop only calls: `forward_module` (what to run the batch through), `autocast()`,
-`backward(loss)`, `step()` (clip, optimizer, scheduler, zero grad), `no_sync()` (accumulate
-without all-reduce), `save(dir)`, `load(dir)` and `lr`. Which engine runs is configuration.
+The loop and the steps only call what `Engine` names: `forward_module` (what to run the batch
+through), `autocast()`, `backward(loss)`, `step()` (clip, optimizer, scheduler, zero grad),
+`no_sync()` (accumulate without all-reduce), `save(dir)`, `load(dir)`, `lr`; GradCache
+(train/grad_cache.py) runs several backward passes inside one micro-batch through
+`mini_batch_scope` and `mini_batch_backward`. Optimizer and schedule: train/optim.py; weight
+files: train/checkpointing.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from distributed_emb import distributed
+from distributed_emb.config import TrainLoopConfig
+from distributed_emb.train.checkpointing import (
+    MODEL_FILE,
+    load_encoder_weights,
+    save_module_weights,
+)
+from distributed_emb.train.deepspeed_engine import DeepSpeedEngine
+from distributed_emb.train.optim import build_optimizer, build_scheduler
 
-MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
-def build_optimizer(
-    module: nn.Module, learning_rate: float, weight_decay: float, fused: bool = False
-):
-    """AdamW; `fused=True` updates all parameters in one kernel (on CPU ~8× faster than the
-    default per-parameter loop for MiniLM, see docs/BENCHMARKS.md), same math."""
-    # No decay on biases and LayerNorm weights (BERT/SimCSE convention).
-    decay, no_decay = [], []
-    for name, parameter in module.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=learning_rate, fused=fused or None)
+class Engine(Protocol):
+    """What a data-parallel engine gives the loop and the steps."""
 
+    module: nn.Module  # the encoder itself (weights, export)
+    forward_module: nn.Module  # what a batch runs through (the DDP / DeepSpeed wrapper)
 
-def build_scheduler(optimizer, total_steps: int, warmup_ratio: float):
-    """Linear warm-up then linear decay to 0 over `total_steps` optimizer steps."""
-    warmup = int(total_steps * warmup_ratio)
+    def autocast(self) -> ContextManager: ...
 
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+    def no_sync(self) -> ContextManager:
+        """Accumulate this backward's gradients locally (a loop micro-batch before the last)."""
+        ...
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> None: ...
+
+    def mini_batch_scope(self, last: bool, synchronise: bool) -> ContextManager:
+        """Around one GradCache mini-batch's backward: `last` is the micro-batch's final
+        mini-batch, `synchronise` whether its gradients must be all-reduced now."""
+        ...
+
+    def mini_batch_backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one GradCache mini-batch (only the last counts as a micro-batch)."""
+        ...
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def saves_on_every_rank(self) -> bool: ...
+
+    def save(self, directory: str) -> None: ...
+
+    def load(self, directory: str) -> None: ...
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
@@ -59,14 +78,18 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 class DDPEngine:
     """torch DistributedDataParallel (gloo on CPU, nccl on GPU) + AdamW + linear schedule."""
 
-    name = "ddp"
-
-    def __init__(self, module: nn.Module, train_config, total_steps: int, device: torch.device):
+    def __init__(
+        self,
+        module: nn.Module,
+        train_config: TrainLoopConfig,
+        total_steps: int,
+        device: torch.device,
+    ):
         self.module = module.to(device)
         self.device = device
         self.precision = train_config.precision
         self.max_grad_norm = train_config.max_grad_norm
-        self.accumulation_steps = getattr(train_config, "gradient_accumulation_steps", 1)
+        self.accumulation_steps = train_config.gradient_accumulation_steps
         if distributed.world_size() > 1:
             device_ids = [device.index] if device.type == "cuda" else None
             self.forward_module = nn.parallel.DistributedDataParallel(
@@ -104,6 +127,12 @@ class DDPEngine:
         else:
             loss.backward()
 
+    def mini_batch_scope(self, last: bool, synchronise: bool):
+        return contextlib.nullcontext() if synchronise else self.no_sync()
+
+    def mini_batch_backward(self, loss: torch.Tensor, last: bool) -> None:
+        self.backward(loss)
+
     def step(self) -> None:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -128,7 +157,7 @@ class DDPEngine:
         save_module_weights(self.module.state_dict(), str(path / MODEL_FILE))
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
-        (path / "engine.json").write_text(json.dumps({"engine": self.name}))
+        (path / "engine.json").write_text(json.dumps({"engine": "ddp"}))
 
     def load(self, directory: str) -> None:
         path = Path(directory)
@@ -141,27 +170,11 @@ class DDPEngine:
         return False
 
 
-def build_engine(module: nn.Module, train_config, total_steps: int, device: torch.device):
+def build_engine(
+    module: nn.Module, train_config: TrainLoopConfig, total_steps: int, device: torch.device
+) -> Engine:
     if train_config.engine == "ddp":
         return DDPEngine(module, train_config, total_steps, device)
     if train_config.engine == "deepspeed":
-        # Imported here: deepspeed fails to import on some CPU-only drivers.
-        from distributed_emb.train.deepspeed_engine import DeepSpeedEngine
-
         return DeepSpeedEngine(module, train_config, total_steps, device)
     raise ValueError(f"unknown engine {train_config.engine!r}")
-
-
-def save_module_weights(state_dict: dict, path: str) -> None:
-    """safetensors, every key stored (tied weights as copies): loads with no pickle."""
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().contiguous().cpu().clone() for k, v in state_dict.items()}, path)
-
-
-def load_encoder_weights(module: nn.Module, checkpoint_dir: str) -> None:
-    """Weights only (for export, evaluation and resume), whichever engine saved them."""
-    from safetensors.torch import load_file
-
-    state = load_file(str(Path(checkpoint_dir) / MODEL_FILE))
-    module.load_state_dict(state, strict=True)

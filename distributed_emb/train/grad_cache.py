@@ -45,9 +45,10 @@ Engines:
   The mini-batches before the last run with `set_gradient_accumulation_boundary(False)` (its
   documented way to add backward calls and step once) and call DeepSpeed's backward directly;
   the last one goes through the engine wrapper at DeepSpeed's own boundary, so the wrapper's
-  micro-batch counting (train.gradient_accumulation_steps) is unchanged. Checked equal to the
-  plain gradients at ZeRO-0/1/2/3 (tests: ZeRO-2 and 3 with accumulation 2). Without the
-  boundary override ZeRO-1/2 with accumulation gave wrong gradients, silently.
+  micro-batch counting (train.gradient_accumulation_steps) is unchanged. Both are the
+  engine's `mini_batch_scope` / `mini_batch_backward` hooks (train/engine.py `Engine`).
+  Checked equal to the plain gradients at ZeRO-0/1/2/3 (tests: ZeRO-2 and 3 with accumulation
+  2). Without the boundary override ZeRO-1/2 with accumulation gave wrong gradients, silently.
   What each stage costs on top of DDP: ZeRO-1 reduces once per step, as DDP; ZeRO-2
   reduce-scatters every mini-batch's gradients into the partitions (k reductions per step
   instead of one: more traffic, same result); ZeRO-3 gathers the partitioned parameters in
@@ -67,6 +68,7 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 
 from distributed_emb.losses.mlm import mlm_loss
 from distributed_emb.losses.objective import ObjectiveWeights, add_mlm_term, embedding_objective
+from distributed_emb.train.engine import Engine
 from distributed_emb.train.step import _full_precision
 
 MLM_KEYS = ("mlm_input_ids", "mlm_attention_mask", "mlm_labels")
@@ -155,7 +157,7 @@ def forward_mini_batch(
 
 
 def cached_step(
-    engine,
+    engine: Engine,
     batch: dict[str, torch.Tensor],
     weights: ObjectiveWeights,
     mini_batch_size: int,
@@ -198,7 +200,7 @@ def cached_step(
         last = index == len(mini_batches) - 1
         stop = start + mini["input_ids"].shape[0] // 2
         cached_grad = torch.cat([grad_z1[start:stop], grad_z2[start:stop]])  # (2m, d)
-        with _accumulation_context(engine, synchronise=sync and last, last=last):
+        with engine.mini_batch_scope(last=last, synchronise=sync and last):
             with rng if replay_rng else contextlib.nullcontext():
                 with engine.autocast():
                     z, logits = forward_mini_batch(engine.forward_module, mini, use_mlm)
@@ -211,46 +213,9 @@ def cached_step(
                 )
                 surrogate = surrogate + weights.mlm_weight * share * mlm
                 mlm_weighted = mlm_weighted + share * mlm.detach()
-            _backward(engine, surrogate, last)
+            engine.mini_batch_backward(surrogate, last)
         start = stop
 
     loss = add_mlm_term(loss.detach(), metrics, mlm_weighted if use_mlm else None, weights)
     metrics["loss"] = loss.detach()
     return metrics
-
-
-def _is_deepspeed(engine) -> bool:
-    return getattr(engine, "name", None) == "deepspeed"
-
-
-def _accumulation_context(engine, synchronise: bool, last: bool):
-    """Where one mini-batch's gradients go: kept local unless this backward must all-reduce."""
-    if _is_deepspeed(engine):
-        # The last mini-batch is the loop's micro-batch as DeepSpeed counts it: the engine's
-        # own boundary (and its wrapper's accumulation bookkeeping) apply unchanged.
-        return contextlib.nullcontext() if last else _deepspeed_no_boundary(engine.engine)
-    return contextlib.nullcontext() if synchronise else engine.no_sync()
-
-
-@contextlib.contextmanager
-def _deepspeed_no_boundary(deepspeed_engine):
-    """DeepSpeed's way to accumulate several backward calls inside one optimizer step.
-
-    Restores the engine's own counting afterwards (None: DeepSpeed decides the boundary from
-    its micro-step counter again).
-    """
-    saved = deepspeed_engine._is_gradient_accumulation_boundary
-    deepspeed_engine.set_gradient_accumulation_boundary(False)
-    try:
-        yield
-    finally:
-        deepspeed_engine.set_gradient_accumulation_boundary(saved)
-
-
-def _backward(engine, surrogate: torch.Tensor, last: bool) -> None:
-    if _is_deepspeed(engine) and not last:
-        # The wrapper's backward advances DeepSpeed's micro-step counter once per loop
-        # micro-batch; the earlier mini-batches must not count as micro-batches.
-        engine.engine.backward(surrogate)
-    else:
-        engine.backward(surrogate)

@@ -33,6 +33,7 @@ from distributed_emb.model.embedder import embed_module
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
 from distributed_emb.train.engine import build_engine
+from distributed_emb.train.grad_cache import cached_step
 from distributed_emb.train.progress import ProgressLog
 from distributed_emb.train.step import plain_step
 
@@ -284,8 +285,6 @@ def _step_function(config: TrainingConfig):
         config.train.mini_batch_size is not None
         and config.train.mini_batch_size < config.train.batch_size
     ):
-        from distributed_emb.train.grad_cache import cached_step
-
         return lambda engine, batch, weights, sync: cached_step(
             engine, batch, weights, config.train.mini_batch_size, sync
         )

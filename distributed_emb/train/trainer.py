@@ -120,8 +120,7 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     from distributed_emb.model.export import export_sentence_transformer
     from distributed_emb.model.model_card import card_info, export_max_seq_length
     from distributed_emb.model.sentence_transformer import ends_with_normalize
-    from distributed_emb.train.checkpointing import STATE_FILE, LoopState
-    from distributed_emb.train.engine import load_encoder_weights
+    from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 
     transformers.logging.set_verbosity_error()
     encoder = build_encoder(config)

@@ -27,8 +27,12 @@ LONG_TEXT = " ".join(
 
 def _fake_checkpoint(config, directory, history):
     """What the training loop leaves in a checkpoint: weights + the loop state's history."""
-    from distributed_emb.train.checkpointing import STATE_FILE, LoopState
-    from distributed_emb.train.engine import MODEL_FILE, save_module_weights
+    from distributed_emb.train.checkpointing import (
+        MODEL_FILE,
+        STATE_FILE,
+        LoopState,
+        save_module_weights,
+    )
     from distributed_emb.train.loop import build_encoder
 
     torch.manual_seed(0)

@@ -8,7 +8,6 @@ both computations see the same function; float64 so the comparison is tight.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distributed_emb.config import TrainLoopConfig
 from distributed_emb.losses.objective import ObjectiveWeights
 
 ANCHORS = [
@@ -44,13 +44,8 @@ WEIGHTS = ObjectiveWeights(
 )
 
 
-@dataclass
-class TrainCfg:
-    precision: str = "fp32"
-    max_grad_norm: float | None = None
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
+# The engine's knobs for this check: no clipping (the real TrainLoopConfig).
+TRAIN = TrainLoopConfig(max_grad_norm=None, learning_rate=1e-3)
 
 
 def _batch(model_path: str, rows: slice):
@@ -76,7 +71,7 @@ def _loss_and_grads(model_path: str, rows: slice):
 
     torch.manual_seed(0)  # same MLP-head init on every process
     encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True).double().eval()
-    engine = DDPEngine(encoder, TrainCfg(), total_steps=1, device=torch.device("cpu"))
+    engine = DDPEngine(encoder, TRAIN, total_steps=1, device=torch.device("cpu"))
     loss, _ = forward_objective(engine.forward_module, _batch(model_path, rows), WEIGHTS)
     engine.backward(loss)
     grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}

@@ -8,9 +8,9 @@ plain_step itself. Everything runs in float64 on a tiny BERT with dropout 0.1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from distributed_emb.config import DeepSpeedConfig, TrainLoopConfig
 from distributed_emb.losses.objective import ObjectiveWeights
 from distributed_emb.train.grad_cache import (
     RandContext,
@@ -56,14 +57,8 @@ NO_MLM = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.5)
 TIGHT = {"rtol": 1e-9, "atol": 1e-12}
 
 
-@dataclass
-class TrainCfg:
-    precision: str = "fp32"
-    max_grad_norm: float | None = None
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    gradient_accumulation_steps: int = 1
+# The engine's knobs for these checks: no clipping, a large step (the real TrainLoopConfig).
+TRAIN = TrainLoopConfig(max_grad_norm=None, learning_rate=1e-3)
 
 
 @functools.cache
@@ -100,7 +95,7 @@ def make_engine(model_path: str, weights: ObjectiveWeights, train: bool):
         model_path, pooler="mean", mlp_head=True, with_mlm_head=weights.mlm_weight > 0
     ).double()
     encoder.train(train)
-    return DDPEngine(encoder, TrainCfg(), total_steps=1, device=torch.device("cpu"))
+    return DDPEngine(encoder, TRAIN, total_steps=1, device=torch.device("cpu"))
 
 
 class MiniBatchForward:
@@ -370,20 +365,6 @@ def test_two_workers_cached_equals_plain_with_gathered_negatives(tiny_bert_path,
 # --- two gloo workers under DeepSpeed ZeRO -------------------------------------------------
 
 
-@dataclass
-class DeepSpeedCfg:
-    zero_stage: int
-    config_path: str | None = None
-    trust_checkpoints: bool = False
-
-
-@dataclass
-class DeepSpeedTrainCfg(TrainCfg):
-    batch_size: int = 2
-    gradient_accumulation_steps: int = 2
-    deepspeed: DeepSpeedCfg | None = None
-
-
 def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir) -> None:
     """Two loop micro-batches of 2 pairs each (gradient accumulation 2), mini-batches of 1."""
     import copy
@@ -420,7 +401,13 @@ def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir)
         expected = _sum_gradients_over_ranks(gradients(reference))
         expected = {n: g / world for n, g in expected.items()}
 
-        config = DeepSpeedTrainCfg(deepspeed=DeepSpeedCfg(stage))
+        config = dataclasses.replace(
+            TRAIN,
+            engine="deepspeed",
+            batch_size=2,
+            gradient_accumulation_steps=2,
+            deepspeed=DeepSpeedConfig(zero_stage=stage),
+        )
         engine = DeepSpeedEngine(encoder, config, total_steps=1, device=torch.device("cpu"))
         for index, batch in enumerate(batches):  # what train_loop_per_worker does
             torch.manual_seed(100 + 10 * rank + index)

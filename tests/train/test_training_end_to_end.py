@@ -39,7 +39,7 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_config
 
     from distributed_emb.evaluation.senteval_data import read_sts_benchmark
     from distributed_emb.paths import shipped_senteval_dir
-    from distributed_emb.train.engine import load_encoder_weights
+    from distributed_emb.train.checkpointing import load_encoder_weights
     from distributed_emb.train.loop import build_encoder
     from distributed_emb.train.trainer import run_training
 

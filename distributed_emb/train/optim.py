@@ -1,0 +1,42 @@
+"""The optimizer and learning-rate schedule every engine trains with (DDP and DeepSpeed alike,
+so one config trains the same way under either)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def build_optimizer(
+    module: nn.Module, learning_rate: float, weight_decay: float, fused: bool = False
+) -> torch.optim.AdamW:
+    """AdamW; `fused=True` updates all parameters in one kernel (on CPU ~8× faster than the
+    default per-parameter loop for MiniLM, see docs/BENCHMARKS.md), same math."""
+    # No decay on biases and LayerNorm weights (BERT/SimCSE convention).
+    decay, no_decay = [], []
+    for name, parameter in module.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate, fused=fused or None)
+
+
+def build_scheduler(optimizer, total_steps: int, warmup_ratio: float):
+    """Linear warm-up then linear decay to 0 over `total_steps` optimizer steps.
+
+    Not transformers' `get_linear_schedule_with_warmup`: that one starts the warm-up at a
+    learning rate of 0 (step / warmup), this one at 1 / warmup ((step + 1) / warmup), so the
+    first optimizer step already learns; after the warm-up the two are the same.
+    """
+    warmup = int(total_steps * warmup_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
