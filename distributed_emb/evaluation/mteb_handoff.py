@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
 
 def import_mteb():
     """``import mteb``, or an ImportError that says how to get it."""
@@ -38,8 +40,6 @@ def run_mteb(
     that version returns. `output_folder` is where mteb 1.x writes its JSON results.
     """
     mteb = import_mteb()
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
-
     model = load_sentence_transformer(model_path, pooler=pooler, max_seq_length=max_seq_length)
     selected = mteb.get_tasks(tasks=list(tasks))
     encode_kwargs = {"batch_size": batch_size}

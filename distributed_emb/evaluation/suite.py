@@ -31,6 +31,8 @@ from distributed_emb.evaluation.transfer import (
     evaluate_trec,
 )
 from distributed_emb.model.embedder import EmbeddingLookup, make_encoder
+from distributed_emb.model.sentence_transformer import POOLERS
+from distributed_emb.paths import default_model_path, shipped_senteval_dir
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,6 @@ class EvaluationConfig:
     ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> None:
-        from distributed_emb.model.sentence_transformer import POOLERS
-
         if self.model is not None and not Path(self.model).is_dir():
             raise ConfigError(f"model: {self.model} is not a model directory")
         if self.senteval_dir is not None and not Path(self.senteval_dir).is_dir():
@@ -255,8 +255,6 @@ def run_group(
 
 def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
     """Run the configured tasks; returns the JSON-ready results (see docs/EVALUATION.md)."""
-    from distributed_emb.paths import default_model_path, shipped_senteval_dir
-
     config.validate()
     model = config.model or default_model_path()
     senteval_dir = config.senteval_dir or shipped_senteval_dir()
