@@ -86,14 +86,15 @@ def tiny_bert_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray with 4 logical CPUs on the 2-core machine: tests share one instance per
-    module, and several Train runs, annotation pools and evaluation pools need room."""
+    """A local Ray with as many logical CPUs as the machine has cores (nothing may depend on
+    more): tests share one instance per module; Train runs, annotation and evaluation pools
+    fit through the resource plan, as a user's run on the same machine does."""
     import ray
 
     if not ray.is_initialized():
         ray.init(
             address="local",  # never a `ray start` cluster another test left on the machine
-            num_cpus=4,
+            num_cpus=os.cpu_count(),
             include_dashboard=False,
             object_store_memory=512 * 1024**2,
             log_to_driver=True,
