@@ -546,6 +546,9 @@ class LoggingConfig:
     mlflow: bool = False  # MLflow through Ray's setup_mlflow (MLFLOW_TRACKING_URI or a file)
     # A progress line (console, run.log, train_log.jsonl, the sinks above) every N steps.
     logging_steps: int = 10
+    # The training progress bar. auto: only when the driver's stderr is a terminal (redrawn
+    # into a log file, each redraw becomes a line); the progress lines above always print.
+    progress_bar: typing.Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass

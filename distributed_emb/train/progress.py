@@ -49,9 +49,11 @@ class ProgressLog:
         output_dir: str | Path | None = None,
         sinks: MetricsSinks | None = None,
         start_step: int = 0,
+        show_bar: bool = True,
     ):
         """`output_dir`: where rank 0 appends to run.log (None: console only). `sinks`: where
-        each logged line and evaluation also goes. `start_step`: a resumed run's step."""
+        each logged line and evaluation also goes. `start_step`: a resumed run's step.
+        `show_bar`: draw the progress bar (see show_progress_bar)."""
         self.total_steps = total_steps
         self.global_batch = global_batch
         self.enabled = enabled
@@ -64,7 +66,7 @@ class ProgressLog:
             self._handlers = _attach_run_log(Path(output_dir) / RUN_LOG)
         self.sinks = sinks if enabled and sinks is not None else MetricsSinks([])
         self.bar = None
-        if enabled:
+        if enabled and show_bar:
             from ray.experimental.tqdm_ray import tqdm
 
             self.bar = tqdm(total=total_steps, desc="train", unit="step")
@@ -87,6 +89,7 @@ class ProgressLog:
             log_every=config.logging.logging_steps,
             output_dir=output_dir,
             start_step=start_step,
+            show_bar=show_progress_bar(config.logging.progress_bar),
         )
         if enabled:  # after run.log is attached, so a sink that cannot start says so there too
             progress.sinks = MetricsSinks.open(config, output_dir)
@@ -228,6 +231,21 @@ class ProgressLog:
             logger.removeHandler(handler)
             handler.close()
         self._handlers = []
+
+
+def show_progress_bar(setting: str) -> bool:
+    """logging.progress_bar → draw the bar? The driver resolves "auto" against its own stderr
+    (resolve_progress_bar) before the config reaches the workers, whose stderr is always a
+    file; an unresolved "auto" is judged on this process's stderr."""
+    if setting == "auto":
+        return sys.stderr.isatty()
+    return setting == "on"
+
+
+def resolve_progress_bar(config) -> None:
+    """On the driver: "auto" becomes "on" or "off" by whether the console is a terminal."""
+    if config.logging.progress_bar == "auto":
+        config.logging.progress_bar = "on" if sys.stderr.isatty() else "off"
 
 
 def _attach_run_log(path: Path) -> list[logging.Handler]:

@@ -27,6 +27,7 @@ from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.tracking import write_run_plots
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
+from distributed_emb.train.progress import resolve_progress_bar
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
 from distributed_emb.train.watchdog import StallWatchdog
 
@@ -58,6 +59,7 @@ def build_trainer(
 
     train = config.train
     storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
+    resolve_progress_bar(config)  # the workers' stderr is a file: the driver's console decides
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"training": to_dict(config), "num_rows": num_rows},

@@ -2,13 +2,14 @@
 
 import logging
 import os
+import sys
 
 import pytest
 import torch
 
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.train.loop import _timed, peak_rss_mb, worker_threads
-from distributed_emb.train.progress import ProgressLog
+from distributed_emb.train.progress import ProgressLog, resolve_progress_bar, show_progress_bar
 
 
 class _Clock:
@@ -173,3 +174,45 @@ def test_worker_progress_writes_only_on_rank_0(tmp_path):
     assert [line.split(": ", 1)[1].split(" ")[1] for line in log_lines] == ["2/3", "3/3"]
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+class _Console:
+    def __init__(self, tty: bool):
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty, expected", [(True, "on"), (False, "off")])
+def test_the_drivers_console_decides_the_progress_bar(monkeypatch, tmp_path, tty, expected):
+    """A bar redrawn into a log file becomes one line per redraw: with the console redirected
+    (auto), rank 0 prints only its progress lines; a terminal gets the bar."""
+    config = load_config(TrainingConfig, None, [f"output.dir={tmp_path / 'out'}"])
+    assert config.logging.progress_bar == "auto"
+    monkeypatch.setattr(sys, "stderr", _Console(tty))
+    resolve_progress_bar(config)
+    assert config.logging.progress_bar == expected
+    assert show_progress_bar(config.logging.progress_bar) is tty
+    # The workers' own stderr (a file) no longer matters once the driver has resolved it.
+    monkeypatch.setattr(sys, "stderr", _Console(not tty))
+    assert show_progress_bar(config.logging.progress_bar) is tty
+
+
+def test_no_bar_when_off_but_every_progress_line(tmp_path):
+    config = load_config(
+        TrainingConfig,
+        None,
+        [f"output.dir={tmp_path / 'out'}", "logging.logging_steps=1", "logging.progress_bar=off"],
+    )
+    progress = ProgressLog.for_worker(config, total_steps=2, world_size=1, rank=0)
+    assert progress.bar is None
+    _steps(progress, 2)
+    progress.close()
+    assert len((tmp_path / "out" / "run.log").read_text().splitlines()) == 2
