@@ -75,15 +75,20 @@ def time_data_path(
 
 
 # ---------------------------------------------------------------------------------------------
-# Delivery into one consumer with tokenisation in Ray Data (data.tokenize_in=ray_data)
+# Delivery into one consumer: tokenising in Ray Data, and from tokenised shards
 #
 #     python bench/data_path.py --json [--corpus DIR_OF_PARQUET] [--data-cpus 1 2]
 #
-# A Train worker's view of the stream: rank 0 of 1 takes its shard through the tokenising
-# stage (data/tokenize.py) on `data_cpus` Ray CPUs, then the worker-side batcher and the
-# collator's padding; each setting runs in a fresh process with its own Ray. Against it: the
-# collator tokenising in-memory text on one thread (what the worker's one iterator thread
-# could deliver).
+# A Train worker's view of the stream (rank 0 of 1, the project's own pipeline pieces), each
+# setting in a fresh process with its own Ray of `data_cpus` CPUs:
+# - delivered_per_s: text → the tokenising stage (data/tokenize.py) → the worker's batcher and
+#   the collator's padding. Every row is tokenised while it is delivered.
+# - cache_build_per_s: the token cache's one pass (data/token_cache.py: read, clean, tokenise,
+#   write Parquet) over `--cache-rows` rows, nothing consuming.
+# - delivered_from_cache_per_s: the same consumer reading those tokenised shards: what later
+#   epochs, resumed runs and Tune trials get. No tokenising happens in it.
+# Against them: the collator tokenising in-memory text on one thread (what the worker's one
+# iterator thread could deliver when the worker tokenises).
 # ---------------------------------------------------------------------------------------------
 
 
@@ -103,37 +108,89 @@ def collate_one_thread_per_s(path: str, model_path: str, rows: int, batch_size: 
     return (len(texts) // batch_size * batch_size) / (time.perf_counter() - started)
 
 
-def delivered_per_s(
-    path: str, model_path: str, data_cpus: int, batches: int, batch_size: int, max_len: int
-) -> float:
-    import ray
-    from transformers import AutoTokenizer
-
-    from distributed_emb.config import DataConfig
-    from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+def _consumed_per_s(shard, collate, batch_size: int, batches: int) -> float:
+    """Rows/s a worker's loop gets: exact batches (epoch_stream) collated (padding only)."""
     from distributed_emb.data.epoch_stream import epoch_batches
-    from distributed_emb.data.sharding import RowShardedDataConfig
-    from distributed_emb.data.tokenize import tokenize_columns
 
-    ray.init(address="local", num_cpus=data_cpus, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    stage = {
-        "fn": tokenize_columns,
-        "fn_kwargs": {"tokenizer_path": model_path, "max_seq_length": max_len, "columns": ["text"]},
-        "batch_size": 1024,
-        "batch_format": "pyarrow",
-    }
-    dataset = training_dataset(DataConfig(path=path), start_drop_counter())
-    shard = RowShardedDataConfig(per_rank_stage=stage).configure({"train": dataset}, 1, None, None)
-    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), max_len)
-    stream = epoch_batches(shard[0]["train"], batch_size, 10_000, seed=0)
+    stream = epoch_batches(shard, batch_size, 10_000, seed=0)
     for _ in range(5):  # start-up excluded: the steady rate
         collate(next(stream))
     started = time.perf_counter()
     for _ in range(batches):
         collate(next(stream))
-    return batches * batch_size / (time.perf_counter() - started)
+    rate = batches * batch_size / (time.perf_counter() - started)
+    stream.close()  # stops this pipeline's tasks before the next measurement starts
+    return rate
+
+
+def delivery_rates(
+    path: str,
+    model_path: str,
+    data_cpus: int,
+    batches: int,
+    batch_size: int,
+    max_len: int,
+    cache_rows: int,
+) -> dict[str, float]:
+    import tempfile
+
+    import ray
+    from transformers import AutoTokenizer
+
+    from distributed_emb.config import TrainingConfig, load_config
+    from distributed_emb.data.collate import ContrastiveCollator
+    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+    from distributed_emb.data.sharding import RowShardedDataConfig
+    from distributed_emb.data.token_cache import token_shards
+    from distributed_emb.data.tokenize import tokenize_arguments
+
+    ray.init(address="local", num_cpus=data_cpus, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    cache_dir = tempfile.mkdtemp(prefix="data_path_token_cache_")
+    config = load_config(
+        TrainingConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"model.max_seq_length={max_len}",
+            f"data.path={path}",
+            "data.token_cache=on",
+            f"data.token_cache_dir={cache_dir}",
+        ],
+    )
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), max_len)
+
+    def rank0(dataset, stage):
+        shards = RowShardedDataConfig(per_rank_stage=stage).configure(
+            {"train": dataset}, 1, None, None
+        )
+        return shards[0]["train"]
+
+    # The baseline is timed right before and after each delivery, in this process: a shared
+    # machine's load changes by the minute, so only rates timed together make a ratio.
+    def one_thread() -> float:
+        return collate_one_thread_per_s(path, model_path, batches * batch_size, batch_size, max_len)
+
+    text = training_dataset(config.data, start_drop_counter())
+    before = one_thread()
+    delivered = _consumed_per_s(
+        rank0(text, tokenize_arguments(config)), collate, batch_size, batches
+    )
+    after = one_thread()
+
+    config.data.max_rows = cache_rows
+    started = time.perf_counter()
+    shards = token_shards(config)
+    build = shards.rows / (time.perf_counter() - started)
+    cached = _consumed_per_s(rank0(shards.dataset(), None), collate, batch_size, batches)
+    last = one_thread()
+    return {
+        "delivered": delivered,
+        "one_thread": (before + after) / 2,
+        "cache_build": build,
+        "from_cache": cached,
+        "one_thread_with_cache": (after + last) / 2,
+    }
 
 
 def main(argv=None) -> int:
@@ -151,6 +208,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-len", type=int, default=32)
+    parser.add_argument(
+        "--cache-rows", type=int, default=100_000, help="rows the cache build tokenises"
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread means one thread
@@ -165,29 +225,42 @@ def main(argv=None) -> int:
             write_shards(__import__("pathlib").Path("/tmp/distributed_emb_corpus_scale"), 1_000_000)
         )
     if args.child is not None:
-        rate = delivered_per_s(
-            args.corpus, model, args.child, args.batches, args.batch_size, args.max_len
-        )
-        print(json.dumps(rate))
+        rates = delivery_rates(
+            args.corpus, model, args.child, args.batches, args.batch_size, args.max_len,
+            args.cache_rows,
+        )  # fmt: skip
+        print(json.dumps(rates))
         return 0
     cpus = args.data_cpus or sorted({1, os.cpu_count() or 1})
-    delivered = {}
+    rates = {}
     for n in cpus:
         command = [sys.executable, __file__, "--child", str(n), "--corpus", args.corpus]
         command += ["--model", model, "--batches", str(args.batches)]
         command += ["--batch-size", str(args.batch_size), "--max-len", str(args.max_len)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        delivered[n] = json.loads(done.stdout.strip().splitlines()[-1])
-    one_thread = collate_one_thread_per_s(
-        args.corpus, model, args.batches * args.batch_size, args.batch_size, args.max_len
-    )
+        command += ["--cache-rows", str(args.cache_rows)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:  # the child's own error, not only its exit status
+            raise SystemExit(f"data_cpus={n}: child failed:\n{done.stderr[-3000:]}")
+        rates[n] = json.loads(done.stdout.strip().splitlines()[-1])
     every_cpu = max(cpus)
+    top = rates[every_cpu]
+    one_thread = top["one_thread"]
     result = {
-        "delivered_per_s": round(delivered[every_cpu]),
+        # Tokenising while delivering: the rate a first epoch (or an uncached run) gets.
+        "delivered_per_s": round(top["delivered"]),
         "collate_one_thread_per_s": round(one_thread),
         "data_cpus": every_cpu,
-        "delivered_by_data_cpus": {str(k): round(v) for k, v in delivered.items()},
-        "ratio": round(delivered[every_cpu] / one_thread, 2),
+        "delivered_by_data_cpus": {str(k): round(v["delivered"]) for k, v in rates.items()},
+        "ratio": round(top["delivered"] / one_thread, 2),
+        "ratio_by_data_cpus": {
+            str(k): round(v["delivered"] / v["one_thread"], 2) for k, v in rates.items()
+        },
+        # The token cache: its one tokenising pass, then reading what it wrote (no tokenising).
+        "cache_build_per_s": round(top["cache_build"]),
+        "cache_build_by_data_cpus": {str(k): round(v["cache_build"]) for k, v in rates.items()},
+        "delivered_from_cache_per_s": round(top["from_cache"]),
+        "from_cache_ratio": round(top["from_cache"] / top["one_thread_with_cache"], 2),
+        "load_average_1min": round(os.getloadavg()[0], 1),  # other work on the machine
     }
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0
