@@ -361,6 +361,11 @@ def plot_learning_curves(
     _line(dev_ax, history, "stsb_dev_spearman", "STS-B dev Spearman")
     _line(speed_ax, [r for r in history if r.get("step", 0) > 0], "sentences_per_s",
           "throughput (sentences/s, per evaluation window)")  # fmt: skip
+    return _save(figure, path, plt)
+
+
+def _save(figure, path, plt) -> str:
+    """Lay out, write the PNG (creating its directory) and free the figure."""
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -434,12 +439,7 @@ def plot_panels(panels: list[Panel], path: str | os.PathLike, title: str | None 
         axis.set_visible(False)
     if title:
         figure.suptitle(title)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
+    return _save(figure, path, plt)
 
 
 def write_panels(panels: list[Panel], path: str | os.PathLike, title: str | None = None):
