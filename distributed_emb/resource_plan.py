@@ -144,17 +144,18 @@ class ResourcePlan:
             if self.lowered
             else "train.num_workers × train.cpus_per_worker"
         )
-        rows.append(
-            (
-                "Ray Train workers",
-                str(self.workers),
-                _num(self.worker_cpu),
-                _num(self.worker_gpu),
-                _num(self.workers * self.worker_cpu),
-                _num(self.workers * self.worker_gpu),
-                note,
+        if self.workers:  # a pool plan (pool_plan) has no Train workers
+            rows.append(
+                (
+                    "Ray Train workers",
+                    str(self.workers),
+                    _num(self.worker_cpu),
+                    _num(self.worker_gpu),
+                    _num(self.workers * self.worker_cpu),
+                    _num(self.workers * self.worker_gpu),
+                    note,
+                )
             )
-        )
         rows.append(
             (
                 "Ray Data (read/clean/feed)",
@@ -293,6 +294,47 @@ def compute_plan(
             plan.needs_nodes = later
             return plan
     plan.problem = _explain(plan, lower_cpus_to_fit)
+    return plan
+
+
+def pool_plan(
+    cluster: ClusterShape, pool: Extra, data_cpus: float = DATA_TASK_CPU, fix: str = ""
+) -> ResourcePlan:
+    """The plan for an actor pool that runs on its own (InfoCSE annotation between training
+    rounds, evaluation encoding): its actors placed on nodes, and one whole CPU left for the
+    Ray Data tasks that read its input and write its output, without which the pool's input
+    never arrives and the job waits forever. `fix`: the config keys that size the pool."""
+    plan = ResourcePlan(0, 0.0, 0.0, 0.0, data_cpus, [pool], cluster, False)
+    for nodes, later in ((cluster.nodes, False), (cluster.largest(), True)):
+        if later and not cluster.autoscaling:
+            break
+        if later and cluster.unknown_growth and not cluster.node_types:
+            plan.needs_nodes = True
+            return plan
+        if fits(nodes, 0, 0.0, 0.0, data_cpus, [pool]):
+            plan.fits_now = not later
+            plan.needs_nodes = later
+            return plan
+    nodes = cluster.largest() if cluster.autoscaling else cluster.nodes
+    where = "even with every node the autoscaler may add" if cluster.autoscaling else "this cluster"
+    gpu = f" (+{_num(pool.gpu)} GPU)" if pool.gpu else ""
+    plan.problem = (
+        f"{pool.count} {pool.label} × {_num(pool.cpu)} CPU{gpu} + Ray Data {_num(data_cpus)} CPU "
+        f"(its read and write tasks, whole CPUs) = {_num(pool.count * pool.cpu + data_cpus)} CPU; "
+        f"{where} has {_num(sum(n.cpu for n in nodes))} CPU on {len(nodes)} "
+        f"node{'s' if len(nodes) != 1 else ''}"
+        + (f" (largest: {_num(max(n.cpu for n in nodes))} CPU)" if nodes else "")
+        + (f". Lower {fix}" if fix else "")
+    )
+    return plan
+
+
+def check_pool_plan(pool: Extra, fix: str = "") -> ResourcePlan:
+    """pool_plan on the connected cluster: log its table, raise PlanError if it can never fit."""
+    plan = pool_plan(cluster_from_ray(), pool, fix=fix)
+    log.info("%s", plan.table())
+    if plan.problem:
+        raise PlanError(f"the {pool.label} do not fit the cluster: {plan.problem}")
     return plan
 
 

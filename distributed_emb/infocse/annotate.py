@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
+from distributed_emb.resource_plan import Extra, check_pool_plan
 
 logger = logging.getLogger(__name__)
 
@@ -251,11 +252,12 @@ def annotate_documents(
     num_cpus = config.num_cpus_per_actor
     if num_cpus is None:
         num_cpus = default_cpus_per_actor(config.concurrency, cluster_cpus)
-    if num_cpus * config.concurrency > cluster_cpus:
-        raise ValueError(
-            f"annotation needs {config.concurrency} actors × {num_cpus} CPUs but the cluster "
-            f"has {cluster_cpus}; lower annotation.concurrency or annotation.num_cpus_per_actor"
-        )
+    # Fit or fail before any actor starts: actors that leave Ray Data no whole CPU for the
+    # read tasks wait forever for their input (docs/OPERATIONS.md, "Sizing a cluster").
+    check_pool_plan(
+        Extra("annotation actors", config.concurrency, num_cpus, config.num_gpus_per_actor),
+        fix="annotation.concurrency or annotation.num_cpus_per_actor",
+    )
 
     start = time.perf_counter()
     # Small blocks handed out at most two at a time per actor, so the pool balances itself:

@@ -18,6 +18,7 @@ from distributed_emb.resource_plan import (
     check_training_plan,
     cluster_from_ray,
     compute_plan,
+    pool_plan,
     training_plan,
 )
 from distributed_emb.train.watchdog import StallError, StallWatchdog, Waiting
@@ -118,6 +119,34 @@ def test_annotation_actors_that_take_every_cpu_fail_naming_them():
     plan = compute_plan(ClusterShape([Node(2)]), 0, 1.0, False, 1.0, extras=actors)
 
     assert "+ 2 CPU for annotation actors = 3 CPU" in plan.problem
+
+
+def test_an_annotation_pool_on_its_own_leaves_ray_data_a_whole_cpu():
+    two_cpus = ClusterShape([Node(2)])
+    # The default share (annotate.py: default_cpus_per_actor) fits beside Ray Data's CPU.
+    plan = pool_plan(two_cpus, Extra("annotation actors", 2, 0.5))
+    assert plan.fits_now and plan.problem is None
+    table = plan.table()
+    assert "annotation actors" in table and "Ray Train workers" not in table
+    # Two whole-CPU actors take both CPUs: the read tasks would never run.
+    plan = pool_plan(
+        two_cpus, Extra("annotation actors", 2, 1.0), fix="annotation.concurrency or x"
+    )
+    assert plan.problem == (
+        "2 annotation actors × 1 CPU + Ray Data 1 CPU (its read and write tasks, whole CPUs) "
+        "= 3 CPU; this cluster has 2 CPU on 1 node (largest: 2 CPU). Lower "
+        "annotation.concurrency or x"
+    )
+    # Each actor sits on one node: 2 × 1.5 CPU do not fit two 2-CPU nodes with Ray Data's CPU.
+    assert pool_plan(ClusterShape([Node(2), Node(2)]), Extra("a", 2, 1.5)).problem
+
+
+def test_an_annotation_pool_waits_for_the_autoscaler_when_nodes_would_fit_it():
+    head_only = ClusterShape([Node(0)], node_types=[("gpu", Node(4, 1), 2)])
+    plan = pool_plan(head_only, Extra("annotation actors", 2, 1.0, 1.0))
+    assert plan.needs_nodes and not plan.fits_now and plan.problem is None
+    too_many = pool_plan(head_only, Extra("annotation actors", 3, 1.0, 1.0))
+    assert "even with every node the autoscaler may add" in too_many.problem
 
 
 def test_new_keys_are_validated_naming_the_key():
