@@ -41,7 +41,7 @@ def no_training(monkeypatch):
     """run_training up to the TorchTrainer, which is replaced: records the run name it got."""
     started: list[str] = []
 
-    def fake_build_trainer(config, dataset, num_rows, run_name=None, callbacks=None):
+    def fake_build_trainer(config, dataset, num_rows, run_name=None, **options):
         started.append(run_name)
         raise TrainingStarted(run_name)
 
