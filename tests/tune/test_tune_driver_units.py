@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distributed_emb.config import ConfigError, load_config
+from distributed_emb.resource_plan import ClusterShape, Node
 from distributed_emb.tune.driver import (
     build_scheduler,
     build_searcher,
@@ -16,7 +17,6 @@ from distributed_emb.tune.driver import (
     trial_worker_cpus,
     worker_bundles,
 )
-from distributed_emb.resource_plan import ClusterShape, Node
 from distributed_emb.tune.settings import SearchJobConfig
 
 DEFAULT_YAML = "jobs/configs/tune_default.yaml"
