@@ -301,20 +301,13 @@ def pool_plan(
     cluster: ClusterShape, pool: Extra, data_cpus: float = DATA_TASK_CPU, fix: str = ""
 ) -> ResourcePlan:
     """The plan for an actor pool that runs on its own (InfoCSE annotation between training
-    rounds, evaluation encoding): its actors placed on nodes, and one whole CPU left for the
-    Ray Data tasks that read its input and write its output, without which the pool's input
-    never arrives and the job waits forever. `fix`: the config keys that size the pool."""
-    plan = ResourcePlan(0, 0.0, 0.0, 0.0, data_cpus, [pool], cluster, False)
-    for nodes, later in ((cluster.nodes, False), (cluster.largest(), True)):
-        if later and not cluster.autoscaling:
-            break
-        if later and cluster.unknown_growth and not cluster.node_types:
-            plan.needs_nodes = True
-            return plan
-        if fits(nodes, 0, 0.0, 0.0, data_cpus, [pool]):
-            plan.fits_now = not later
-            plan.needs_nodes = later
-            return plan
+    rounds): its actors placed on nodes, and one whole CPU left for the Ray Data tasks that
+    read its input and write its output, without which the pool's input never arrives and
+    the job waits forever. The fit is compute_plan's with no Train workers; only the message
+    differs. `fix`: the config keys that size the pool."""
+    plan = compute_plan(cluster, 0, 0.0, False, data_cpus, lower_cpus_to_fit=False, extras=[pool])
+    if plan.problem is None:
+        return plan
     nodes = cluster.largest() if cluster.autoscaling else cluster.nodes
     where = "even with every node the autoscaler may add" if cluster.autoscaling else "this cluster"
     gpu = f" (+{_num(pool.gpu)} GPU)" if pool.gpu else ""
