@@ -365,9 +365,8 @@ def _field_comments(cls: type) -> dict[str, str]:
     """Field name → its comment in the class source: the trailing one on the field's line,
     after the block of comment lines right above it (joined into one line). Empty when the
     source cannot be read (e.g. a zipped install): --help then shows KEY_HELP only."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
+    source = _class_source(cls)
+    if source is None:
         return {}
     lines = source.splitlines()
     trailing: dict[int, str] = {}
@@ -392,6 +391,33 @@ def _field_comments(cls: type) -> dict[str, str]:
         parts = [" ".join(above), trailing.get(index + 1, "")]
         comments[match.group(1)] = "; ".join(p for p in parts if p)
     return comments
+
+
+def _class_source(cls: type) -> str | None:
+    """The dedented source of a top-level class, found by scanning its module's file. Not
+    `inspect.getsource`: on Python 3.11 that runs `ast.parse`, whose recursion counter is shared
+    between threads, so it fails at random ("AST constructor recursion depth mismatch") while a
+    Ray background thread formats a traceback. None when the file cannot be read."""
+    try:
+        path = inspect.getsourcefile(cls)
+        text = Path(path).read_text() if path else None
+    except (OSError, TypeError):
+        return None
+    if text is None:
+        return None
+    lines = text.splitlines()
+    header = re.compile(rf"class {re.escape(cls.__name__)}\b")
+    for start, line in enumerate(lines):
+        if header.match(line):
+            break
+    else:
+        return None
+    end = start + 1
+    # The body runs until the next line of code at column 0 (blank lines and comments inside
+    # the class are part of it).
+    while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
+        end += 1
+    return textwrap.dedent("\n".join(lines[start:end]).rstrip() + "\n")
 
 
 def _default_tree(path: Path | str | None) -> dict:
