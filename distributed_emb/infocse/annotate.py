@@ -62,6 +62,11 @@ _DOCUMENT_ANNOTATION_SCHEMA = pa.schema(
 class AnnotationConfig:
     """How annotation embeds, clusters and spreads over actors (a config section)."""
 
+    # The teacher: a model (path, or "source" for the model the student was cut from, see
+    # InfoCSEConfig.student) that annotates rounds 1..teacher_rounds; later rounds are
+    # annotated by the trained model itself. None: every round is self-annotated.
+    model: str | None = None
+    teacher_rounds: int = 1
     pooler: str | None = None  # None: a sentence-transformers dir as saved; see the loader
     max_seq_length: int | None = None  # None: the initial model's own, for every round
     encode_batch_size: int = 128  # sentences per forward pass
@@ -74,7 +79,7 @@ class AnnotationConfig:
 
     def validate(self) -> None:
         self.idc.validate()
-        for name in ("encode_batch_size", "documents_per_batch", "concurrency"):
+        for name in ("encode_batch_size", "documents_per_batch", "concurrency", "teacher_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"annotation.{name} must be ≥ 1, got {getattr(self, name)}")
         if self.num_cpus_per_actor is not None and self.num_cpus_per_actor <= 0:

@@ -25,6 +25,8 @@ class RoundsConfig:
     patience: int = 2
     min_improvement: float = 0.0  # Spearman points a round must gain to count as better
     retrieval_threshold: float = 4.0  # STS-B dev pairs scored ≥ this form the retrieval dev set
+    # Also score every round's model on STS-B test (reported only; never used to choose).
+    stsb_test: bool = False
     # Order each round's mined pairs so batches spread over documents (fewer same-document
     # negatives to mask). This collects the pairs on the driver; false trains straight from
     # the annotation's Parquet shards as a stream (same-document negatives are still masked),
@@ -44,12 +46,33 @@ class SupervisedConfig:
 
 
 @dataclass
+class StudentConfig:
+    """The trained model (the student): `training.model.path` itself, or its first
+    `num_layers` transformer layers (infocse/student.py), built offline into
+    `output_dir/student`."""
+
+    num_layers: int | None = None  # None: train training.model.path itself
+
+
+@dataclass
+class HeldOutConfig:
+    """Documents held out of annotation and training, scored every round by same-document
+    retrieval (evaluation/document_retrieval.py): the InfoCSE paper's in-domain metric."""
+
+    fraction: float = 0.1  # share of documents held out (by a hash of doc_id); 0: none
+    seed: int = 0
+    max_sentences_per_document: int = 16  # a held-out document's first sentences, as queries
+
+
+@dataclass
 class InfoCSEConfig:
     documents: DocumentsConfig = field(default_factory=DocumentsConfig)
     annotation: AnnotationConfig = field(default_factory=AnnotationConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
     supervised: SupervisedConfig = field(default_factory=SupervisedConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+    heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
     output_dir: str = "outputs/infocse"
 
     def validate(self) -> None:
@@ -83,4 +106,10 @@ class InfoCSEConfig:
         require_range(s.score_threshold, "supervised.score_threshold", 0, 5)
         require_range(s.max_steps, "supervised.max_steps", 1)
         require_range(s.learning_rate, "supervised.learning_rate", 0, low_open=True)
+        require_range(self.student.num_layers, "student.num_layers", 1, allow_none=True)
+        h = self.heldout
+        require_range(h.fraction, "heldout.fraction", 0, 1, high_open=True,
+                      why="a share of the documents; 1 leaves nothing to train on")  # fmt: skip
+        require_seed(h.seed, "heldout.seed")
+        require_range(h.max_sentences_per_document, "heldout.max_sentences_per_document", 2)
         _require(bool(self.output_dir.strip()), "output_dir", "is empty")

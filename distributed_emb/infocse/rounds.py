@@ -27,6 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
+from distributed_emb.evaluation.document_retrieval import (
+    SameDocumentTask,
+    evaluate_same_document,
+    held_out_doc_ids,
+)
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.sts import read_stsb, stsb_score
 from distributed_emb.infocse.config import InfoCSEConfig
@@ -58,10 +63,20 @@ class RoundRecord:
     last_step_dev: float | None = None
     annotate_s: float = 0.0
     train_s: float = 0.0
+    annotated_by: str | None = None  # "teacher" or "self" (the model trained this round)
+    # Same-document retrieval on the held-out documents (heldout.*), × 100.
+    heldout_mrr: float | None = None
+    heldout_recall_at_1: float | None = None
+    heldout_recall_at_5: float | None = None
+    heldout_recall_at_10: float | None = None
+    stsb_test: float | None = None  # rounds.stsb_test: reported, never used to choose
 
 
-def evaluate_dev(model_dir: str, config: InfoCSEConfig) -> dict:
-    """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process)."""
+def evaluate_dev(
+    model_dir: str, config: InfoCSEConfig, heldout: SameDocumentTask | None = None
+) -> dict:
+    """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process), plus
+    same-document retrieval on the held-out documents and STS-B test when asked."""
     training = config.training
     pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
     embedder = Embedder(
@@ -75,11 +90,19 @@ def evaluate_dev(model_dir: str, config: InfoCSEConfig) -> dict:
     retrieval = evaluate_retrieval(
         embedder.embed, sts_retrieval_task(read_stsb(*dev_split), config.rounds.retrieval_threshold)
     )
-    return {
+    scores = {
         "stsb_dev": stsb_score(embedder.embed, *dev_split),
         "retrieval_mrr": retrieval["mrr"],
         "retrieval_recall_at_1": retrieval["recall@1"],
     }
+    if heldout is not None:
+        held = evaluate_same_document(embedder.embed, heldout)
+        scores["heldout_mrr"] = held["mrr"]
+        for k in (1, 5, 10):
+            scores[f"heldout_recall_at_{k}"] = held[f"recall@{k}"]
+    if config.rounds.stsb_test:
+        scores["stsb_test"] = stsb_score(embedder.embed, "test", training.eval.senteval_dir)
+    return scores
 
 
 def _with_fixed_length(annotation, initial_model: str):
@@ -201,9 +224,19 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
     from distributed_emb.infocse.pairs import pair_overlap
 
     corpus = read_documents(config.documents)
-    initial = config.training.model_path
-    records = [RoundRecord(0, "initial", initial, **_dev_fields(evaluate_dev(initial, config)))]
+    documents, heldout = _split_held_out(corpus.dataset, config)
+    initial = _initial_model(config, output)
+    teacher = _teacher(config)
+    records = [
+        RoundRecord(0, "initial", initial, **_dev_fields(evaluate_dev(initial, config, heldout)))
+    ]
     _print_row(records[-1], sinks)
+    if teacher is not None:
+        # The teacher's own scores, for reference (never a candidate for export: it is not
+        # the model being trained).
+        teacher_scores = evaluate_dev(teacher, config, heldout)
+        log.warning("teacher %s: %s", teacher, _scores_line(teacher_scores))
+        _save_json(output / "teacher.json", {"model": teacher, **teacher_scores})
     best = records[0]
     current_model, previous_pairs, rounds_without_gain = initial, None, 0
     annotation_config = _with_fixed_length(config.annotation, initial)
@@ -213,8 +246,13 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         if round_dir.exists():
             shutil.rmtree(round_dir)  # a rerun of the same output dir starts the round afresh
         round_dir.mkdir(parents=True)
+        by_teacher = teacher is not None and index <= config.annotation.teacher_rounds
         annotation = annotate_documents(
-            corpus.dataset, current_model, str(round_dir / "pairs"), index, annotation_config
+            documents,
+            teacher if by_teacher else current_model,
+            str(round_dir / "pairs"),
+            index,
+            annotation_config,
         )
         pairs, overlap = None, None
         if config.rounds.arrange_pairs:
@@ -242,13 +280,14 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             - annotation.counts.documents_without_pairs,
             overlap_with_previous=overlap,
             annotate_s=round(annotation.wall_seconds, 1),
+            annotated_by="teacher" if by_teacher else "self",
             **_training_fields(result.metrics),
-            **_dev_fields(evaluate_dev(result.model_dir, config)),
+            **_dev_fields(evaluate_dev(result.model_dir, config, heldout)),
         )
         records.append(record)
         _print_row(record, sinks)
         if config.supervised.enabled:
-            record = _supervised_round(config, index, result.model_dir, round_dir)
+            record = _supervised_round(config, index, result.model_dir, round_dir, heldout)
             records.append(record)
             _print_row(record, sinks)
         current_model, previous_pairs = record.model_dir, pairs
@@ -270,7 +309,13 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
     return records
 
 
-def _supervised_round(config: InfoCSEConfig, index: int, model_dir: str, round_dir: Path):
+def _supervised_round(
+    config: InfoCSEConfig,
+    index: int,
+    model_dir: str,
+    round_dir: Path,
+    heldout: SameDocumentTask | None,
+):
     pairs_file = round_dir / "supervised_pairs.parquet"
     count = supervised_pairs_file(config, pairs_file)
     s = config.supervised
@@ -287,7 +332,7 @@ def _supervised_round(config: InfoCSEConfig, index: int, model_dir: str, round_d
         result.model_dir,
         pairs=count,
         **_training_fields(result.metrics),
-        **_dev_fields(evaluate_dev(result.model_dir, config)),
+        **_dev_fields(evaluate_dev(result.model_dir, config, heldout)),
     )
 
 
@@ -300,8 +345,88 @@ def _training_fields(metrics: dict) -> dict:
     }
 
 
+_SCORE_FIELDS = (
+    "stsb_dev",
+    "retrieval_mrr",
+    "retrieval_recall_at_1",
+    "heldout_mrr",
+    "heldout_recall_at_1",
+    "heldout_recall_at_5",
+    "heldout_recall_at_10",
+    "stsb_test",
+)
+
+
 def _dev_fields(scores: dict) -> dict:
-    return {k: scores[k] for k in ("stsb_dev", "retrieval_mrr", "retrieval_recall_at_1")}
+    return {k: scores[k] for k in _SCORE_FIELDS if k in scores}
+
+
+def _scores_line(scores: dict) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in scores.items() if v is not None)
+
+
+def _save_json(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2))
+
+
+def _initial_model(config: InfoCSEConfig, output: Path) -> str:
+    """The model rounds train: training.model.path, or its first student.num_layers layers
+    (built offline into output/student; rebuilt on a rerun: it is a deterministic cut)."""
+    source = config.training.model_path
+    if config.student.num_layers is None:
+        return source
+    from distributed_emb.infocse.student import build_layer_student
+
+    target = output / "student"
+    if target.exists():
+        shutil.rmtree(target)
+    pooler = None if is_sentence_transformer_dir(source) else config.training.model.pooler
+    return build_layer_student(source, config.student.num_layers, str(target), pooler=pooler)
+
+
+def _teacher(config: InfoCSEConfig) -> str | None:
+    """annotation.model: a path, "source" (the model the student was cut from), or None."""
+    model = config.annotation.model
+    if model == "source":
+        return config.training.model_path
+    return model
+
+
+def _split_held_out(dataset, config: InfoCSEConfig):
+    """(the documents to annotate and train on, the held-out same-document task or None).
+
+    The split is by document (a hash of doc_id, evaluation/document_retrieval.py); held-out
+    documents never reach annotation or training. Only their doc_ids and the (few) held-out
+    documents come to the driver, which scores them."""
+    import pyarrow.compute as pc
+
+    h = config.heldout
+    if h.fraction == 0:
+        return dataset, None
+    ids = [row["doc_id"] for row in dataset.select_columns(["doc_id"]).take_all()]
+    held = pa.array(sorted(held_out_doc_ids(ids, h.fraction, h.seed)), type=pa.string())
+
+    def keep(table: pa.Table, held_out: bool) -> pa.Table:
+        inside = pc.is_in(table.column("doc_id"), value_set=held)
+        return table.filter(inside if held_out else pc.invert(inside))
+
+    held_rows = dataset.map_batches(
+        keep, batch_format="pyarrow", fn_kwargs={"held_out": True}
+    ).take_all()
+    training = dataset.map_batches(
+        keep, batch_format="pyarrow", fn_kwargs={"held_out": False}
+    ).materialize()
+    try:
+        task = SameDocumentTask.from_documents(held_rows, h.max_sentences_per_document)
+    except ValueError:
+        log.warning("heldout: no held-out document has 2 sentences; no held-out retrieval")
+        return training, None
+    log.warning(
+        "heldout: %d of %d documents held out of training; %d sentences of %d documents as "
+        "same-document retrieval queries",
+        len(held), len(ids), len(task.sentences), task.num_documents,
+    )  # fmt: skip
+    return training, task
 
 
 def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None:
@@ -330,17 +455,24 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None
 
 
 HEADER = (
-    f"{'round':>5} {'stage':>10} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
-    f"{'MRR':>6} {'R@1':>6} {'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7}"
+    f"{'round':>5} {'stage':>10} {'annot by':>8} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
+    f"{'MRR':>6} {'R@1':>6} {'held MRR':>8} {'held R@1':>8} {'held R@10':>9} {'STS-B test':>10} "
+    f"{'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7}"
 )
+
+
+def _cell(value: float | None, width: int, digits: int = 2) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
 def format_row(r: RoundRecord) -> str:
     overlap = "-" if r.overlap_with_previous is None else f"{r.overlap_with_previous:.3f}"
     last_dev = "-" if r.last_step_dev is None else f"{r.last_step_dev:.2f}"
     return (
-        f"{r.round:>5} {r.stage:>10} {r.pairs:>7} {overlap:>8} {r.stsb_dev:>9.2f} "
-        f"{r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} {r.train_steps:>5} "
+        f"{r.round:>5} {r.stage:>10} {r.annotated_by or '-':>8} {r.pairs:>7} {overlap:>8} "
+        f"{r.stsb_dev:>9.2f} {r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} "
+        f"{_cell(r.heldout_mrr, 8)} {_cell(r.heldout_recall_at_1, 8)} "
+        f"{_cell(r.heldout_recall_at_10, 9)} {_cell(r.stsb_test, 10)} {r.train_steps:>5} "
         f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f}"
     )
 
@@ -377,11 +509,20 @@ def rounds_panels(records: list[RoundRecord]) -> list[Panel]:
         retrieval["R@1, supervised"] = points(supervised, "retrieval_recall_at_1")
     rounds = sorted({r.round for r in records})
     mined = [r for r in records if r.stage == "infocse"]
-    return [
+    panels = [
         Panel("STS-B dev Spearman", "round", dev, xticks=rounds),
         Panel("STS-B dev retrieval", "round", retrieval, xticks=rounds),
         Panel("pairs mined", "round", {"pairs": points(mined, "pairs")}, xticks=rounds),
     ]
+    if any(r.heldout_mrr is not None for r in unsupervised):
+        held = {
+            "MRR": points(unsupervised, "heldout_mrr"),
+            "R@1": points(unsupervised, "heldout_recall_at_1"),
+            "R@10": points(unsupervised, "heldout_recall_at_10"),
+        }
+        panels.append(Panel("held-out documents: same-document retrieval", "round", held,
+                            xticks=rounds))  # fmt: skip
+    return panels
 
 
 def _save(records: list[RoundRecord], best: RoundRecord, output: Path) -> None:
