@@ -178,3 +178,89 @@ def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
     accumulator = accumulator_module.EventAccumulator(str(tmp_path / "tensorboard"))
     accumulator.Reload()
     assert [e.value for e in accumulator.Scalars("rounds/stsb_dev")] == [70.0, 72.5, 71.0]
+
+
+def test_student_and_teacher_resolve_from_the_config(tmp_path, tiny_bert_path, shared_data_dir):
+    from transformers import AutoConfig
+
+    from distributed_emb.infocse.rounds import _initial_model, _teacher
+
+    config = _config(tmp_path, tiny_bert_path, shared_data_dir)
+    assert _initial_model(config, tmp_path) == tiny_bert_path  # no student: the model itself
+    assert _teacher(config) is None  # no teacher: every round self-annotated
+    config = _config(
+        tmp_path, tiny_bert_path, shared_data_dir,
+        ["student.num_layers=1", "annotation.model=source"],
+    )  # fmt: skip
+    student = _initial_model(config, tmp_path)
+    assert student == str(tmp_path / "student")
+    assert AutoConfig.from_pretrained(student).num_hidden_layers == 1
+    assert _teacher(config) == tiny_bert_path  # "source": the uncut model
+    with pytest.raises(ConfigError, match=r"heldout\.fraction"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["heldout.fraction=1.0"])
+    with pytest.raises(ConfigError, match=r"student\.num_layers"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["student.num_layers=0"])
+
+
+def test_held_out_retrieval_is_a_row_column_and_a_panel(tmp_path):
+    from distributed_emb.infocse.rounds import format_table, rounds_panels
+
+    records = [
+        RoundRecord(0, "initial", "m0", stsb_dev=70.0, retrieval_mrr=50.0,
+                    retrieval_recall_at_1=40.0, heldout_mrr=30.0, heldout_recall_at_1=20.0,
+                    heldout_recall_at_5=35.0, heldout_recall_at_10=45.0),
+        RoundRecord(1, "infocse", "m1", pairs=10, stsb_dev=71.0, retrieval_mrr=51.0,
+                    retrieval_recall_at_1=41.0, heldout_mrr=33.0, heldout_recall_at_1=22.5,
+                    heldout_recall_at_5=36.0, heldout_recall_at_10=47.0, annotated_by="teacher",
+                    stsb_test=65.5),
+    ]  # fmt: skip
+    table = format_table(records).splitlines()
+    assert "held R@1" in table[0] and "STS-B test" in table[0]
+    assert "teacher" in table[2] and "22.50" in table[2] and "65.50" in table[2]
+    held = rounds_panels(records)[-1]
+    assert held.series["R@1"] == [(0, 20.0), (1, 22.5)]
+    assert held.series["MRR"] == [(0, 30.0), (1, 33.0)]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_unseen(
+    ray_local, tmp_path, tiny_bert_path, shared_data_dir
+):
+    """A 1-layer student of the tiny BERT; a different tiny BERT as teacher for round 1.
+    Round 1's pairs are exactly the teacher's (single-process reference) on the training
+    documents; no pair comes from a held-out document; round 2 is self-annotated."""
+    from conftest import build_tiny_bert
+
+    from distributed_emb.evaluation.document_retrieval import held_out_doc_ids
+    from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
+    from distributed_emb.infocse.pairs import read_pairs
+    from distributed_emb.infocse.rounds import run_rounds
+
+    teacher = build_tiny_bert(tmp_path / "teacher", seed=1)
+    config = _config(
+        tmp_path, tiny_bert_path, shared_data_dir,
+        ["student.num_layers=1", f"annotation.model={teacher}", "heldout.fraction=0.25",
+         "heldout.seed=1"],
+    )  # fmt: skip
+    records = run_rounds(config)
+    assert [(r.round, r.annotated_by) for r in records] == [(0, None), (1, "teacher"), (2, "self")]
+    assert all(r.heldout_mrr is not None and 0 < r.heldout_recall_at_10 <= 100 for r in records)
+
+    documents = [
+        json.loads(line) for line in Path(config.documents.paths[0]).read_text().splitlines()
+    ]
+    held = held_out_doc_ids([d["id"] for d in documents], 0.25, seed=1)
+    assert 0 < len(held) < len(documents)
+    training = [{"doc_id": d["id"], "sentences": d["sentences"]} for d in documents
+                if d["id"] not in held]  # fmt: skip
+    annotation = AnnotationConfig(pooler="mean", max_seq_length=32)
+    expected, _ = annotate_documents_locally(training, teacher, round_index=1, config=annotation)
+
+    def key(rows):
+        return sorted((r["doc_id"], r["anchor"], r["positive"]) for r in rows)
+
+    round_1 = read_pairs(str(tmp_path / "out" / "round_1" / "pairs"))
+    assert key(round_1) == key(expected)
+    round_2 = read_pairs(str(tmp_path / "out" / "round_2" / "pairs"))
+    assert not {r["doc_id"] for r in round_1 + round_2} & held

@@ -1,0 +1,180 @@
+"""Side by side at equal budget: SimCSE, InforMin-CL, InfoCSE self- and teacher-annotated.
+
+    python -m distributed_emb.infocse.compare --output runs/compare [key=value ...]
+
+Overrides are InfoCSE config keys (jobs/configs/infocse_default.yaml), and they fix what every
+arm shares: the student (`student.num_layers`, default 3 here: the packaged MiniLM's first 3
+layers), the documents and the held-out split (`heldout.*`), steps, batch, learning rate and
+checkpoint selection (`training.*`). Arms (`--arms`, comma list):
+
+- `simcse`: the student on the training documents' sentences, two dropout views, λ = 0;
+- `informin`: the same with InforMin-CL's reconstruction term (λ = `--informin-lambda`);
+- `infocse_self`: one InfoCSE round, pairs mined by the student itself;
+- `infocse_teacher`: one InfoCSE round, pairs mined by the teacher (`annotation.model`,
+  default "source": the uncut model).
+
+Every arm starts from the same student, trains `training.train.max_steps` steps of the same
+global batch, and keeps its best *trained* checkpoint by STS-B dev (the start is never a
+candidate). Each is scored on the held-out documents (same-document retrieval), STS-B dev
+and STS-B test. Writes `compare.json` and `compare.md` to the output directory; the start
+(student) and the teacher are rows of the table too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from distributed_emb.atomic_files import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+ARMS = ("simcse", "informin", "infocse_self", "infocse_teacher")
+COLUMNS = (
+    ("heldout_recall_at_1", "held R@1"),
+    ("heldout_recall_at_5", "held R@5"),
+    ("heldout_recall_at_10", "held R@10"),
+    ("heldout_mrr", "held MRR"),
+    ("stsb_dev", "STS-B dev"),
+    ("stsb_test", "STS-B test"),
+)
+DEFAULTS = ["student.num_layers=3", "rounds.stsb_test=true", "rounds.max_rounds=1"]
+
+
+def format_table(rows: list[dict]) -> str:
+    head = "| arm | " + " | ".join(title for _, title in COLUMNS) + " | steps | wall s |"
+    lines = [head, "|---" + "|---:" * (len(COLUMNS) + 2) + "|"]
+    for row in rows:
+        cells = [f"{row[key]:.2f}" if row.get(key) is not None else "–" for key, _ in COLUMNS]
+        steps = row.get("steps")
+        wall = row.get("wall_s")
+        lines.append(
+            f"| {row['arm']} | " + " | ".join(cells)
+            + f" | {steps if steps is not None else '–'} | "
+            + (f"{wall:.0f}" if wall is not None else "–") + " |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+def _sentences_file(dataset, path: Path) -> int:
+    """The training documents' sentences, one a line, for the sentence-level arms."""
+    count = 0
+    with open(path, "w") as handle:
+        for row in dataset.iter_rows():
+            for sentence in row["sentences"]:
+                sentence = " ".join(str(sentence).split())
+                if sentence:
+                    handle.write(sentence + "\n")
+                    count += 1
+    return count
+
+
+def _sentence_arm(config, student: str, sentences: Path, output: Path, weight: float) -> dict:
+    from distributed_emb.train.trainer import run_training
+
+    training = copy.deepcopy(config.training)
+    training.model.path = student
+    training.data.path = str(sentences)
+    training.data.kind = "sentences"
+    training.loss.reconstruction_weight = weight
+    training.eval.start_is_candidate = False
+    training.output.dir = str(output)
+    training.output.run_name = f"compare-{output.name}"
+    training.output.resume = "overwrite"
+    result = run_training(training)
+    return {"model_dir": result.model_dir, "steps": result.metrics.get("steps")}
+
+
+def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
+    from distributed_emb.infocse.rounds import run_rounds
+
+    arm = copy.deepcopy(config)
+    arm.annotation.model = teacher
+    arm.output_dir = str(output)
+    arm.training.output.run_name = f"compare-{output.name}"
+    arm.rounds.max_rounds = 1
+    records = run_rounds(arm)
+    trained = next(r for r in records if r.stage == "infocse")  # the round's trained model
+    return {"model_dir": trained.model_dir, "steps": trained.train_steps, "pairs": trained.pairs}
+
+
+def run_comparison(config, output: Path, arms: list[str], informin_lambda: float) -> list[dict]:
+    from distributed_emb.data.documents import read_documents
+    from distributed_emb.infocse.rounds import (
+        _initial_model,
+        _split_held_out,
+        _teacher,
+        evaluate_dev,
+    )
+
+    output.mkdir(parents=True, exist_ok=True)
+    documents, heldout = _split_held_out(read_documents(config.documents).dataset, config)
+    if heldout is None:
+        raise ValueError("the comparison needs held-out documents: set heldout.fraction > 0")
+    student = _initial_model(config, output)
+    teacher = _teacher(config) or config.training.model_path
+    rows = [
+        {"arm": "start (student)", **evaluate_dev(student, config, heldout)},
+        {"arm": "teacher", **evaluate_dev(teacher, config, heldout)},
+    ]
+    sentences = output / "train_sentences.txt"
+    log.warning("%d training sentences → %s", _sentences_file(documents, sentences), sentences)
+    for arm in arms:
+        started = time.perf_counter()
+        if arm == "simcse":
+            row = _sentence_arm(config, student, sentences, output / arm, 0.0)
+        elif arm == "informin":
+            row = _sentence_arm(config, student, sentences, output / arm, informin_lambda)
+        elif arm == "infocse_self":
+            row = _infocse_arm(config, None, output / arm)
+        else:
+            row = _infocse_arm(config, teacher, output / arm)
+        row["wall_s"] = time.perf_counter() - started
+        row.update(arm=arm, **evaluate_dev(row["model_dir"], config, heldout))
+        rows.append(row)
+        log.warning("compare %s: %s", arm, json.dumps(row))
+        write_text_atomic(output / "compare.json", json.dumps(rows, indent=2))
+        write_text_atomic(output / "compare.md", format_table(rows) + "\n")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="InfoCSE YAML (default: the job's)")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--informin-lambda", type=float, default=0.1)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.exit(2, f"unknown arms {unknown}; choose from {list(ARMS)}\n")
+
+    from distributed_emb.cli import offline_defaults, setup_logging, start_ray
+    from distributed_emb.config import ConfigError, load_config
+    from distributed_emb.infocse.config import InfoCSEConfig
+
+    offline_defaults()
+    config_path = args.config or str(
+        Path(__file__).resolve().parents[2] / "jobs" / "configs" / "infocse_default.yaml"
+    )
+    overrides = ["annotation.model=source", *DEFAULTS, *args.overrides, f"output_dir={args.output}"]
+    try:
+        config = load_config(InfoCSEConfig, config_path, overrides)
+    except ConfigError as error:
+        parser.exit(2, f"config error: {error}\n")
+    setup_logging(config.output_dir)
+    start_ray(config.training)
+    rows = run_comparison(config, Path(config.output_dir), arms, args.informin_lambda)
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
