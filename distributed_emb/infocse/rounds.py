@@ -6,6 +6,13 @@ a copy of the same model on the pairs with the core trainer (in-batch and cross-
 negatives, same-document negatives masked), and scores STS-B dev and an STS-B-dev retrieval
 set. InfoCSE++ adds a supervised fine-tuning step on labelled pairs after each round.
 
+Teacher/student: the trained model (the student) is `training.model.path` or its first
+`student.num_layers` layers (infocse/student.py); a teacher (`annotation.model`) annotates
+rounds 1..`annotation.teacher_rounds` in the student's place. Held-out documents
+(`heldout.*`, split by document) are never annotated or trained on; every round's model is
+scored on them by same-document retrieval (evaluation/document_retrieval.py), next to STS-B
+dev. Choosing the round and the export stays with STS-B dev.
+
 What a run leaves in `output_dir`: `rounds.json` and `rounds.md` (the table), `rounds.png`
 (STS-B dev, retrieval and mined pairs per round), `rounds_log.jsonl` and `tensorboard/` (one
 row per round: kind `rounds` for the initial model and the InfoCSE rounds, `supervised` for
