@@ -471,7 +471,14 @@ class TrainLoopConfig:
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     engine: typing.Literal["ddp", "deepspeed"] = "ddp"
-    precision: typing.Literal["fp32", "bf16", "fp16"] = "fp32"
+    # "auto": bf16 autocast where it is faster (GPUs with bf16; CPUs with native bf16 that
+    # measure faster at start-up), else fp32 (train/precision.py). Losses stay fp32.
+    precision: typing.Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
+    # How the global batch (num_workers × batch_size) is laid out over processes.
+    # "as_set": exactly num_workers × batch_size. "auto" (one node): on a CPU-only node one
+    # worker holds the whole global batch with every core as torch threads; on a GPU node one
+    # worker per GPU (train/layout.py). Several nodes: as set.
+    layout: typing.Literal["auto", "as_set"] = "as_set"
     batch_size: int = 32  # per worker; the global batch (negatives) is num_workers × this
     # GradCache: embed in mini-batches of this size to cap memory (None: one pass).
     mini_batch_size: int | None = None

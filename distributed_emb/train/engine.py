@@ -12,6 +12,7 @@ files: train/checkpointing.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
@@ -29,6 +30,7 @@ from distributed_emb.train.checkpointing import (
 )
 from distributed_emb.train.deepspeed_engine import DeepSpeedEngine
 from distributed_emb.train.optim import build_optimizer, build_scheduler
+from distributed_emb.train.precision import resolve_precision
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -173,6 +175,10 @@ class DDPEngine:
 def build_engine(
     module: nn.Module, train_config: TrainLoopConfig, total_steps: int, device: torch.device
 ) -> Engine:
+    """The configured engine; `train.precision=auto` is decided here, for `device`."""
+    precision = resolve_precision(train_config.precision, device)
+    if precision != train_config.precision:
+        train_config = dataclasses.replace(train_config, precision=precision)
     if train_config.engine == "ddp":
         return DDPEngine(module, train_config, total_steps, device)
     if train_config.engine == "deepspeed":

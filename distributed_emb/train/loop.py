@@ -96,6 +96,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     encoder.train()  # from_pretrained returns eval mode: without this there is no dropout noise
     total_steps = plan_steps(config, loop_config["num_rows"], world)
     engine = build_engine(encoder, config.train, total_steps, device)
+    if rank == 0 and config.train.precision == "auto":
+        log.warning("train.precision=auto: %s on %s", getattr(engine, "precision", "?"), device)
     weights = ObjectiveWeights.from_config(config.loss)
     accumulation = config.train.gradient_accumulation_steps
     step_fn = _step_function(config)

@@ -26,6 +26,7 @@ from distributed_emb.model.model_card import finalize_export
 from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.tracking import write_run_plots
+from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
 from distributed_emb.train.progress import resolve_progress_bar
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
@@ -163,6 +164,11 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     # Absolute: Train workers write their logs there, whatever their working directory.
     config.output.dir = str(Path(config.output.dir).resolve())
     output = Path(config.output.dir)
+    # train.layout=auto becomes a concrete layout first: the resource plan, the run's
+    # identity and its checkpoints all see the workers that will run.
+    layout = apply_layout(config.train)
+    if layout is not None:
+        log.info(layout)
     # Before any data or Ray work: an earlier run under this name is continued only when it
     # is this run (same settings) or the user said so (output.resume).
     run_name = prepare_run(config)
