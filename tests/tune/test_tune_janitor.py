@@ -3,6 +3,8 @@ not a group whose workers are alive, not a group of another shape (a trial drive
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from distributed_emb.config import TrainingConfig
@@ -19,7 +21,7 @@ def ray_with_state_api():
 
     assert not ray.is_initialized()
     config = TrainingConfig()
-    config.ray.num_cpus, config.ray.object_store_memory_mb = 6, 256
+    config.ray.num_cpus, config.ray.object_store_memory_mb = os.cpu_count(), 256
     start_ray(config, state_api=True)
     yield ray
     ray.shutdown()
@@ -30,13 +32,15 @@ def test_only_an_abandoned_worker_group_is_freed_and_only_after_two_sweeps(ray_w
     from ray.util.placement_group import placement_group, placement_group_table
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    worker = {"CPU": 1.0}
+    # Quarter-CPU workers (the shape a plan gives on a small machine): both groups and the
+    # driver-shaped one fit in one core, so the test needs no logical CPUs beyond the machine's.
+    worker = {"CPU": 0.25}
     abandoned = placement_group([worker, worker])  # its Train run died with its cleaner
     in_use = placement_group([worker, worker])
     driver_shaped = placement_group([{"CPU": 0.01}])
     ray.get([abandoned.ready(), in_use.ready(), driver_shaped.ready()], timeout=120)
 
-    @ray.remote(num_cpus=1)
+    @ray.remote(num_cpus=0.25)
     class Worker:
         def ping(self) -> int:
             return 1
@@ -45,7 +49,7 @@ def test_only_an_abandoned_worker_group_is_freed_and_only_after_two_sweeps(ray_w
     live = Worker.options(scheduling_strategy=strategy).remote()
     assert ray.get(live.ping.remote(), timeout=120) == 1
 
-    janitor = PlacementGroupJanitor([{"CPU": 1.0, "GPU": 0.0}])
+    janitor = PlacementGroupJanitor([{"CPU": 0.25, "GPU": 0.0}])
     assert janitor.sweep() == []  # first sight: only a suspect
     assert janitor.sweep() == [abandoned.id.hex()]
     states = {

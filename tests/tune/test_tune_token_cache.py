@@ -53,7 +53,7 @@ def test_two_trials_read_one_tokenising_pass(tmp_path, tiny_bert_path):
                 "data.tokenize_in=ray_data",
                 "tune.scheduler=fifo",
                 "train.max_steps=2",
-                "ray.num_cpus=4",
+                "ray.num_cpus=2",  # the core count of the machines CI runs on
                 "ray.object_store_memory_mb=512",
             ]
         )
