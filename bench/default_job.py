@@ -46,18 +46,23 @@ JOB = "default job: python jobs/train_informin.py"
 
 
 def job_tokens_per_s(log_path: Path, skip_lines: int = 1) -> dict:
-    """Real tokens/s of a run's training intervals from its train_log.jsonl, the first
-    `skip_lines` logged intervals left out (warm-up). Wall time of an interval is its
-    sentences over its sentences/s (both logged); tokens = tokens/s × wall."""
+    """Real tokens/s of a run's training intervals from its train_log.jsonl (its `train`
+    lines: each covers the steps since the line before, evaluation time left out), the first
+    `skip_lines` intervals left out (warm-up). An interval's wall time is its sentences over
+    its sentences/s; tokens = tokens/s × wall. The global batch comes from the evaluation
+    lines."""
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-    steps = [line for line in lines if "tokens_per_s" in line and "sentences_per_s" in line]
+    batches = [line["global_batch"] for line in lines if "global_batch" in line]
+    if not batches:
+        raise ValueError(f"{log_path}: no line states the global batch")
+    steps = [line for line in lines if line.get("kind") == "train" and "tokens_per_s" in line]
     kept = steps[skip_lines:]
     if not kept:
         raise ValueError(f"{log_path}: no training interval after the first {skip_lines}")
     wall = tokens = 0.0
     previous = steps[skip_lines - 1]["step"] if skip_lines else 0
     for line in kept:
-        sentences = (line["step"] - previous) * line["global_batch"]
+        sentences = (line["step"] - previous) * batches[0]
         seconds = sentences / line["sentences_per_s"]
         wall += seconds
         tokens += line["tokens_per_s"] * seconds
