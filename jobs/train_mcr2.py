@@ -3,12 +3,13 @@ random projection and the uncompressed encoder.
 
     python jobs/train_mcr2.py [--config YAML] [--senteval-data DIR] [--output DIR] [key=value ...]
 
-With no arguments: the packaged all-MiniLM-L6-v2 (mean pooling), sentences of the shipped
-Wikipedia articles (clusters = articles), STS-B train pairs scored ≥ 4, heads for 64 and 128
-dims, evaluated on the shipped STS-B. --senteval-data points the evaluation (and the best-epoch
-selection on STS-B dev) at a full SentEval data/downstream directory, which adds SICK-R, the
-transfer tasks and whatever STS12–16 it holds. Every knob is in jobs/configs/mcr2.yaml; see
-docs/MCR2.md.
+With no arguments: the packaged all-MiniLM-L6-v2 (mean pooling), every sentence of the shipped
+Wikipedia articles and Lee news documents (clusters = documents), label-free similar pairs from
+InfoCSE's intra-document clustering, heads for 64 and 128 dims, the best epoch by STS-B dev,
+evaluated on the shipped STS-B. --senteval-data DIR [DIR ...] points the evaluation (and the
+selection on STS-B dev, from the first) at SentEval data/downstream directories, which adds
+SICK-R, the transfer tasks and STS12–16 where they hold them. Every knob is in
+jobs/configs/mcr2.yaml; see docs/MCR2.md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mcr2.yaml"
 def parse_args(argv: list[str] | None) -> MCR2Config:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML (default: %(default)s)")
-    parser.add_argument("--senteval-data", help="SentEval data/downstream directory")
+    parser.add_argument(
+        "--senteval-data",
+        nargs="+",
+        help="SentEval data/downstream directories: the first sets eval.senteval_dir (STS-B "
+        "dev selection, evaluation), the others eval.extra_senteval_dirs (evaluation only, "
+        "e.g. one with STS12-16)",
+    )
     parser.add_argument("--output", help="output directory (sets output_dir)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. output_dims=[32,256]")
     args = parser.parse_args(argv)
@@ -37,9 +44,11 @@ def parse_args(argv: list[str] | None) -> MCR2Config:
         config = load_config(MCR2Config, args.config, args.overrides)
         # Set as values, not YAML-parsed, so paths stay strings.
         if args.senteval_data:
-            if not Path(args.senteval_data).is_dir():
-                raise ConfigError(f"--senteval-data: {args.senteval_data} is not a directory")
-            config.eval.senteval_dir = args.senteval_data
+            for directory in args.senteval_data:
+                if not Path(directory).is_dir():
+                    raise ConfigError(f"--senteval-data: {directory} is not a directory")
+            config.eval.senteval_dir = args.senteval_data[0]
+            config.eval.extra_senteval_dirs = list(args.senteval_data[1:])
         if args.output:
             config.output_dir = args.output
         config.validate()

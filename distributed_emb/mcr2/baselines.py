@@ -2,6 +2,8 @@
 
 Each is fit on the same training embeddings the heads see:
 - ``pca``: principal components (mean-centred, not whitened), scikit-learn ``PCA``;
+- ``pca_whiten``: the same components, each scaled to unit variance (``PCA(whiten=True)``;
+  BERT-whitening, Su et al. 2021, arXiv:2103.15316, is this map cut to k dims);
 - ``random``: a Gaussian random projection (Johnson–Lindenstrauss), scikit-learn
   ``GaussianRandomProjection``;
 - ``full``: the uncompressed encoder vectors (identity).
@@ -16,7 +18,7 @@ import numpy as np
 Projection = Callable[[np.ndarray], np.ndarray]
 
 
-def fit_pca(train: np.ndarray, dim: int, seed: int = 0) -> Projection:
+def fit_pca(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) -> Projection:
     from sklearn.decomposition import PCA
 
     if dim > min(train.shape):
@@ -24,7 +26,7 @@ def fit_pca(train: np.ndarray, dim: int, seed: int = 0) -> Projection:
             f"PCA to {dim} dims needs at least {dim} training vectors of ≥ {dim} dims; "
             f"got {train.shape}"
         )
-    pca = PCA(n_components=dim, random_state=seed).fit(train)  # train: (n, D)
+    pca = PCA(n_components=dim, whiten=whiten, random_state=seed).fit(train)  # train: (n, D)
     return lambda x: pca.transform(x).astype(np.float32)  # (m, dim)
 
 
@@ -42,8 +44,10 @@ def identity(x: np.ndarray) -> np.ndarray:
 def fit_baseline(name: str, train: np.ndarray, dim: int, seed: int = 0) -> Projection:
     if name == "pca":
         return fit_pca(train, dim, seed)
+    if name == "pca_whiten":
+        return fit_pca(train, dim, seed, whiten=True)
     if name == "random":
         return fit_random_projection(train, dim, seed)
     if name == "full":
         return identity
-    raise ValueError(f"unknown baseline {name!r}; expected pca, random or full")
+    raise ValueError(f"unknown baseline {name!r}; expected pca, pca_whiten, random or full")

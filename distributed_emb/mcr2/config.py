@@ -25,8 +25,11 @@ from distributed_emb.losses.mcr2 import MCR2LossConfig
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.head import ACTIVATIONS
+from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
 
-BASELINES = ("pca", "random", "full")
+BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
+# Opt-in: fine-tunes the encoder, then re-embeds every evaluation set (mcr2/matryoshka.py).
+OPT_IN_BASELINES = ("matryoshka",)
 
 
 @dataclass
@@ -65,6 +68,9 @@ class EvalConfig:
     # A SentEval data/downstream dir (None: the shipped STS-B only). STS-B dev there selects
     # the best epoch; every STS, transfer and retrieval task present in it is reported.
     senteval_dir: str | None = None
+    # More data/downstream dirs to evaluate on (e.g. one holding STS12–16): each task is read
+    # from the first dir, senteval_dir first, that holds it. Selection stays on STS-B dev.
+    extra_senteval_dirs: list[str] = field(default_factory=list)
     tasks: list[Literal["sts", "transfer", "retrieval"]] = field(
         default_factory=lambda: ["sts", "transfer", "retrieval"]
     )
@@ -79,7 +85,7 @@ class EvalConfig:
 class MCR2Config:
     output_dims: list[int] = field(default_factory=lambda: [64, 128])
     output_dir: str = "outputs/mcr2"
-    baselines: list[Literal["pca", "random", "full"]] = field(
+    baselines: list[Literal["pca", "pca_whiten", "random", "full", "matryoshka"]] = field(
         default_factory=lambda: list(BASELINES)
     )
     export: bool = True  # write encoder + best head as a SentenceTransformer dir per dim
@@ -91,6 +97,7 @@ class MCR2Config:
     loss: MCR2LossConfig = field(default_factory=MCR2LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    matryoshka: MatryoshkaConfig = field(default_factory=MatryoshkaConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     # train_log.jsonl and TensorBoard/W&B/MLflow in output_dir (each head's epochs, the table);
     # logging_steps: a console line every N epochs of a head.
@@ -130,6 +137,7 @@ class MCR2Config:
         # STS-B and SICK gold scores run from 0 to 5: a bound outside selects nothing or all.
         require_range(p.min_score, "pairs.min_score", 0, 5)
         require_seed(p.seed, "pairs.seed")
+
         a = self.assignments
         require_range(a.num_clusters, "assignments.num_clusters", 2)
         require_range(a.temperature, "assignments.temperature", 0, low_open=True)
@@ -158,6 +166,12 @@ class MCR2Config:
                 "eval.senteval_dir",
                 f"{ev.senteval_dir} is not a directory",
             )
+        for i, directory in enumerate(ev.extra_senteval_dirs):
+            require(
+                Path(directory).is_dir(),
+                f"eval.extra_senteval_dirs[{i}]",
+                f"{directory} is not a directory",
+            )
         require_range(ev.retrieval_min_score, "eval.retrieval_min_score", 0, 5)
         tr = ev.transfer
         require_range(tr.kfold, "eval.transfer.kfold", 2)
@@ -168,6 +182,13 @@ class MCR2Config:
             require(bool(grid), f"eval.transfer.{name}", "give at least one C")
             for i, c in enumerate(grid):
                 require_range(c, f"eval.transfer.{name}[{i}]", 0, low_open=True)
+        m = self.matryoshka
+        require_range(m.steps, "matryoshka.steps", 1)
+        require_range(m.batch_size, "matryoshka.batch_size", 2)
+        require_range(m.lr, "matryoshka.lr", 0, low_open=True)
+        require_seed(m.seed, "matryoshka.seed")
+        if "matryoshka" in self.baselines and m.positives == "pairs":
+            require(self.pairs.source != "none", "matryoshka.positives", "pairs needs pairs")
         validate_ray_config(self.ray)
         validate_logging_config(self.logging)
         for section, check in (("sentences", self.sentences), ("pairs", self.pairs)):

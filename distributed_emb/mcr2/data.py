@@ -1,11 +1,15 @@
 """What the MCR² head trains on: sentences with cluster ids, and similar pairs.
 
 Sentences come through the project's document reader (``data/documents.py``), whose id column
-is the user's cluster column: a document id (the default, shipped Wikipedia articles), an IDC
-cluster id, or a label (point ``id_column`` at it; ``text_column`` rows are split into
-sentences and share their row's cluster). Rows with the same id form one cluster.
+is the user's cluster column: a document id (the default: every shipped document, the 97
+Wikipedia articles and the 300 Lee news documents), an IDC cluster id, or a label (point
+``id_column`` at it; ``text_column`` rows are split into sentences and share their row's
+cluster). Rows with the same id form one cluster.
 
 Similar pairs come from
+- ``idc`` (default, no labels): InfoCSE's intra-document clustering (``infocse/idc.py``) on the
+  frozen encoder's vectors of each document's sentences; pairs inside a cluster (built in
+  ``mcr2/pipeline.py`` once the vectors exist);
 - ``sts``: STS-B (and optionally SICK-R) train pairs with gold score ≥ ``min_score``;
 - ``file``: a JSONL/Parquet/HF table with anchor and positive columns (e.g. InfoCSE output),
   read by ``data/corpus.py`` (bad rows skipped and counted);
@@ -27,11 +31,17 @@ from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
 
 log = logging.getLogger(__name__)
 
+SHIPPED_DOCUMENTS = (
+    shipped_corpus("wiki_documents.jsonl"),
+    shipped_corpus("lee_documents.jsonl"),
+)
+
 
 @dataclass
 class SentencesConfig:
-    # Document sources for data/documents.py (JSONL, Parquet, HF); None: the shipped
-    # wiki_documents.jsonl (97 Wikipedia articles).
+    # Document sources for data/documents.py (JSONL, Parquet, HF); None: every shipped
+    # document corpus, wiki_documents.jsonl (97 Wikipedia articles, 17,891 sentences, the
+    # sentences of wiki_sentences.txt) and lee_documents.jsonl (300 news documents).
     paths: list[str] | None = None
     id_column: str = "id"  # the cluster column: document id, IDC cluster id, label, ...
     sentences_column: str = "sentences"  # a list of sentences per row ...
@@ -39,15 +49,15 @@ class SentencesConfig:
     hf_split: str = "train"
     # One-sentence documents are kept: a singleton cluster adds a constant to R_c, no harm.
     min_sentences: int = 1
-    # Long documents would dominate R_c and the encoding time; sample at most this many
-    # sentences per cluster (None: all).
-    max_per_cluster: int | None = 64
+    # Sample at most this many sentences per cluster (None: all, the default: a head trained
+    # on more of the corpus generalises better, and the vectors are cached after one pass).
+    max_per_cluster: int | None = None
     max_sentences: int | None = None  # overall cap after the per-cluster one (None: all)
     seed: int = 0
 
     def documents(self) -> DocumentsConfig:
         return DocumentsConfig(
-            paths=list(self.paths) if self.paths else [shipped_corpus("wiki_documents.jsonl")],
+            paths=list(self.paths) if self.paths else list(SHIPPED_DOCUMENTS),
             id_column=self.id_column,
             sentences_column=self.sentences_column,
             text_column=self.text_column,
@@ -65,7 +75,14 @@ class SentencesConfig:
 
 @dataclass
 class PairsConfig:
-    source: Literal["sts", "file", "dropout", "none"] = "sts"
+    # idc: label-free pairs from the training documents (the default); sts: STS train pairs
+    # with gold score ≥ min_score (labels); file; dropout; none. See the module docstring.
+    source: Literal["idc", "sts", "file", "dropout", "none"] = "idc"
+    # idc: InfoCSE's IDC graph (j among i's top_k neighbours or i among j's, ``mutual``: both)
+    # over each document's sentences; at most this many pairs per cluster (None: all).
+    idc_top_k: int = 1
+    idc_mutual: bool = False
+    idc_max_pairs_per_cluster: int | None = 10
     # sts: a SentEval data/downstream dir (None: the shipped STS-B), which sets, which score.
     senteval_dir: str | None = None
     sts_sets: list[Literal["STSB", "SICK"]] = field(default_factory=lambda: ["STSB"])
@@ -83,6 +100,11 @@ class PairsConfig:
             raise ValueError("pairs.path is required when pairs.source is 'file'")
         if self.source == "sts" and not self.sts_sets:
             raise ValueError("pairs.sts_sets is empty")
+        if self.idc_top_k < 1:
+            raise ValueError(f"pairs.idc_top_k must be ≥ 1, got {self.idc_top_k}")
+        cap = self.idc_max_pairs_per_cluster
+        if cap is not None and cap < 1:
+            raise ValueError(f"pairs.idc_max_pairs_per_cluster must be ≥ 1 or null, got {cap}")
         if self.max_pairs is not None and self.max_pairs < 1:
             raise ValueError(f"pairs.max_pairs must be ≥ 1 or null, got {self.max_pairs}")
 
@@ -191,10 +213,57 @@ def load_pairs_file(config: PairsConfig) -> SimilarPairs:
 
 
 def load_similar_pairs(config: PairsConfig) -> SimilarPairs | None:
-    """The configured pairs (None for ``none`` and ``dropout``, which has no text pairs)."""
+    """The configured text pairs (None for ``none``, and for ``dropout`` and ``idc``, whose
+    pairs come from the vectors)."""
     config.validate()
     if config.source == "sts":
         return load_sts_pairs(config)
     if config.source == "file":
         return load_pairs_file(config)
     return None
+
+
+def idc_pairs(
+    texts: list[str],
+    vectors: np.ndarray,
+    cluster_ids: np.ndarray,
+    config: PairsConfig,
+) -> SimilarPairs:
+    """Label-free similar pairs: InfoCSE's intra-document clustering over each document's
+    (each cluster id's) sentence vectors, pairs inside each IDC cluster.
+
+    texts: n sentences; vectors: (n, D) their frozen-encoder vectors; cluster_ids: (n,) the
+    document of each. Documents are seeded by their cluster id, so the pairs do not depend on
+    the order of the documents."""
+    from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
+
+    idc = IDCConfig(
+        top_k=config.idc_top_k,
+        mutual=config.idc_mutual,
+        max_pairs_per_cluster=config.idc_max_pairs_per_cluster,
+        seed=config.seed,
+    )
+    anchors: list[str] = []
+    positives: list[str] = []
+    documents = 0
+    for cluster in np.unique(cluster_ids):
+        members = np.flatnonzero(cluster_ids == cluster)  # (m,)
+        if len(members) < 2:
+            continue
+        documents += 1
+        result = intra_document_clusters(
+            vectors[members], idc, seed=config.seed * 1_000_003 + int(cluster)
+        )
+        for a, b in result.pairs:  # (P, 2) indices into members
+            anchors.append(texts[members[a]])
+            positives.append(texts[members[b]])
+    if not anchors:
+        raise ValueError(
+            "IDC found no pairs: every document has fewer than 2 sentences; "
+            "use pairs.source=dropout or none"
+        )
+    origin = (
+        f"IDC (top_k={config.idc_top_k}, mutual={config.idc_mutual}, at most "
+        f"{config.idc_max_pairs_per_cluster} per cluster) inside {documents} documents"
+    )
+    return _sample_pairs(anchors, positives, config, origin)

@@ -38,6 +38,9 @@ from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.report import write_results
 from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.evaluation.suite import (
+    GROUPS as TASK_GROUPS,
+)
+from distributed_emb.evaluation.suite import (
     TASK_SPECS,
     EvaluationConfig,
     RetrievalSettings,
@@ -49,11 +52,13 @@ from distributed_emb.mcr2.config import MCR2Config
 from distributed_emb.mcr2.data import (
     SimilarPairs,
     TrainingSentences,
+    idc_pairs,
     load_similar_pairs,
     load_training_sentences,
 )
 from distributed_emb.mcr2.embeddings import CachedEncoder
 from distributed_emb.mcr2.export import export_compressed_model
+from distributed_emb.mcr2.matryoshka import train_matryoshka, truncate
 from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, markdown_table, summarise
 from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, train_head
 from distributed_emb.paths import shipped_senteval_dir
@@ -62,15 +67,18 @@ from distributed_emb.tracking import MetricsSinks, write_panels
 log = logging.getLogger(__name__)
 
 Projection = Callable[[np.ndarray], np.ndarray]
-Methods = dict[tuple[int, str], Projection]  # (output size, method) → projection
+# (output size, method) → projection of the frozen encoder's vectors, or a TextMethod
+Methods = dict[tuple[int, str], "Projection | TextMethod"]
 
 
 @dataclass
 class RunInputs:
     sentences: TrainingSentences
     pairs: SimilarPairs | None
-    senteval_dir: str
+    senteval_dir: str  # STS-B dev (selection) comes from here
     dev: sd.StsData
+    # Every evaluation directory: senteval_dir, then eval.extra_senteval_dirs.
+    eval_dirs: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +107,23 @@ def present_tasks(senteval_dir: str, groups: list[str]) -> tuple[list[str], list
                 present if sd.task_present(senteval_dir, task, TASK_SPECS[task].needed) else absent
             ).append(task)
     return present, absent
+
+
+def tasks_by_dir(
+    senteval_dirs: list[str], groups: list[str]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """{directory: tasks read from it} (each task from the first directory holding it), and
+    the tasks no directory holds."""
+    placed: dict[str, list[str]] = {}
+    found: set[str] = set()
+    for directory in senteval_dirs:
+        present, _ = present_tasks(directory, groups)
+        new = [task for task in present if task not in found]
+        if new:
+            placed[directory] = new
+            found.update(new)
+    _, absent = present_tasks(senteval_dirs[0], groups)
+    return placed, [task for task in absent if task not in found]
 
 
 def _load_average() -> list[float] | None:
@@ -137,6 +162,11 @@ def run(config: MCR2Config) -> dict:
         with _timed(timings, "train_heads_s"):
             heads = train_heads(config, data, sinks)
             methods = fit_methods(config, heads, data.sentences)
+        matryoshka = None
+        if "matryoshka" in config.baselines:
+            with _timed(timings, "train_matryoshka_s"):
+                matryoshka = train_matryoshka_baseline(config, inputs, output_dir)
+                methods.update(matryoshka_methods(config, matryoshka, encoder))
         with _timed(timings, "evaluate_s"):
             evaluation = evaluate_methods(config, methods, encoder, inputs, data.dev, sinks)
         exported = {}
@@ -162,10 +192,14 @@ def run(config: MCR2Config) -> dict:
             },
         },
         "exported_models": exported,
+        "matryoshka": None
+        if matryoshka is None
+        else {"path": matryoshka.path, "seconds": matryoshka.seconds, "losses": matryoshka.losses},
         "evaluation": evaluation.suite_outputs,
         "tasks_evaluated": evaluation.tasks,
         "tasks_absent": evaluation.absent,
         "senteval_dir": inputs.senteval_dir,
+        "senteval_dirs": inputs.eval_dirs,
         "encoder": {"model_path": encoder.model_path, **encoder.stats},
         "wall_time_s": timings,
         "load_average": {"start": load_at_start, "end": _load_average()},
@@ -182,7 +216,13 @@ def read_inputs(config: MCR2Config) -> RunInputs:
     if pairs is not None:
         log.info("similar pairs: %s", pairs.summary)
     senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
-    return RunInputs(sentences, pairs, senteval_dir, sd.read_sts_benchmark(senteval_dir, "dev"))
+    return RunInputs(
+        sentences,
+        pairs,
+        senteval_dir,
+        sd.read_sts_benchmark(senteval_dir, "dev"),
+        [senteval_dir, *config.eval.extra_senteval_dirs],
+    )
 
 
 def embed_inputs(
@@ -194,6 +234,9 @@ def embed_inputs(
     train_texts = sentences.texts + (pairs.anchors + pairs.positives if pairs else [])
     encoder(train_texts + dev.sentences1 + dev.sentences2)  # one pass; the calls below hit it
     x = encoder(sentences.texts)  # (n, D)
+    if pairs is None and config.pairs.source == "idc":
+        pairs = inputs.pairs = idc_pairs(sentences.texts, x, sentences.cluster_ids, config.pairs)
+        log.info("similar pairs: %s", pairs.summary)
     if pairs is not None:
         pair_vectors = (encoder(pairs.anchors), encoder(pairs.positives))  # 2 × (m, D)
         pairs_summary = pairs.summary
@@ -236,6 +279,50 @@ def train_heads(
     return heads
 
 
+@dataclass
+class TextMethod:
+    """A method that embeds text itself (a fine-tuned encoder), not a projection of the
+    frozen encoder's vectors."""
+
+    encode: Callable[[list[str]], np.ndarray]
+
+
+def train_matryoshka_baseline(config: MCR2Config, inputs: RunInputs, output_dir: Path):
+    """The encoder fine-tuned with MatryoshkaLoss on the run's pairs (or dropout views of
+    its sentences), saved under ``models/matryoshka``."""
+    m = config.matryoshka
+    if m.positives == "pairs":
+        if inputs.pairs is None:
+            raise ValueError("matryoshka.positives=pairs, but the run has no text pairs")
+        anchors, positives = inputs.pairs.anchors, inputs.pairs.positives
+    else:
+        anchors = positives = inputs.sentences.texts
+    trained = train_matryoshka(
+        config.encoder.model_path(),
+        config.encoder.pooler,
+        config.encoder.max_seq_length,
+        anchors,
+        positives,
+        list(config.output_dims),
+        m,
+        output_dir / "models" / "matryoshka",
+    )
+    log.info("Matryoshka baseline: %d steps in %.1f s", m.steps, trained.seconds)
+    return trained
+
+
+def matryoshka_methods(config: MCR2Config, trained, encoder: CachedEncoder) -> Methods:
+    """The fine-tuned encoder truncated to each output size; its vectors are cached like the
+    frozen encoder's (its own directory, so its own cache keys)."""
+    tuned = CachedEncoder(
+        dataclasses.replace(config.encoder, path=trained.path, pooler=None),
+    )
+    return {
+        (dim, "matryoshka"): TextMethod(lambda texts, dim=dim: truncate(tuned(texts), dim))
+        for dim in config.output_dims
+    }
+
+
 def fit_methods(config: MCR2Config, heads: dict[int, TrainedHead], x: np.ndarray) -> Methods:
     """Each head and each baseline of `config.baselines` at each size, as projections of
     the encoder's vectors; ``full`` once, at the encoder's own size."""
@@ -243,7 +330,7 @@ def fit_methods(config: MCR2Config, heads: dict[int, TrainedHead], x: np.ndarray
     for dim, trained in heads.items():
         methods[(dim, "mcr2")] = head_projection(trained)
         for name in config.baselines:
-            if name != "full":
+            if name not in ("full", "matryoshka"):
                 methods[(dim, name)] = fit_baseline(name, x, dim, config.optim.seed)
     if "full" in config.baselines:
         methods[(x.shape[1], "full")] = fit_baseline("full", x, x.shape[1])
@@ -260,33 +347,59 @@ def evaluate_methods(
 ) -> Evaluation:
     """Every method through the suite, on the tasks present; each table row also goes to the
     sinks (kind = method, step = output size)."""
-    tasks, absent = present_tasks(inputs.senteval_dir, list(config.eval.tasks))
+    placed, absent = tasks_by_dir(inputs.eval_dirs or [inputs.senteval_dir], config.eval.tasks)
+    tasks = [task for dir_tasks in placed.values() for task in dir_tasks]
     if absent:
         log.info(
-            "tasks without data in %s (not evaluated): %s", inputs.senteval_dir, ", ".join(absent)
+            "tasks without data in %s (not evaluated): %s",
+            ", ".join(inputs.eval_dirs or [inputs.senteval_dir]),
+            ", ".join(absent),
         )
-    eval_config = EvaluationConfig(
-        senteval_dir=inputs.senteval_dir,
-        tasks=tasks,
-        transfer=config.eval.transfer,
-        retrieval=RetrievalSettings(threshold=config.eval.retrieval_min_score),
-    )
+    eval_configs = [
+        EvaluationConfig(
+            senteval_dir=directory,
+            tasks=dir_tasks,
+            transfer=config.eval.transfer,
+            retrieval=RetrievalSettings(threshold=config.eval.retrieval_min_score),
+        )
+        for directory, dir_tasks in placed.items()
+    ]
     evaluation = Evaluation([], {}, tasks, absent)
     for (dim, method), project in methods.items():
+        if isinstance(project, TextMethod):
+            encode = project.encode
+            dev_pair = (encode(inputs.dev.sentences1), encode(inputs.dev.sentences2))
+        else:
 
-        def encode(texts: list[str], project=project) -> np.ndarray:
-            return project(encoder(texts))
+            def encode(texts: list[str], project=project) -> np.ndarray:
+                return project(encoder(texts))
 
-        stsb_dev = spearman_of_embeddings(
-            project(dev_vectors[0]), project(dev_vectors[1]), inputs.dev.scores
-        )
-        output = evaluate(eval_config, encode=encode) if tasks else {}
+            dev_pair = (project(dev_vectors[0]), project(dev_vectors[1]))
+        stsb_dev = spearman_of_embeddings(*dev_pair, inputs.dev.scores)
+        output = merge_outputs([evaluate(c, encode=encode) for c in eval_configs])
         evaluation.suite_outputs[f"{method}-{dim}"] = output
         summary = summarise(output, stsb_dev)
         evaluation.rows.append({"dim": dim, "method": method, **summary})
         sinks.log(dim, summary, method)
         log.info("evaluated %s-%d: %s", method, dim, evaluation.rows[-1])
     return evaluation
+
+
+def merge_outputs(outputs: list[dict]) -> dict:
+    """The suite's outputs for several directories as one: the group dicts (``sts``,
+    ``transfer``, ``retrieval``, ...) merged, the directories listed."""
+    if not outputs:
+        return {}
+    merged: dict = {"senteval_dirs": [o.get("senteval_dir") for o in outputs], "skipped": []}
+    for output in outputs:
+        for key, value in output.items():
+            if key == "skipped":
+                merged["skipped"].extend(value)
+            elif key in TASK_GROUPS and isinstance(value, dict):
+                merged.setdefault(key, {}).update(value)
+            else:
+                merged.setdefault(key, value)
+    return merged
 
 
 def export_heads(
@@ -335,7 +448,8 @@ def _markdown_report(results: dict, table: str) -> str:
         f"- training sentences: {results['training']['sentences'].splitlines()[0]}",
         f"- pairs: {results['training']['pairs']}",
         f"- tasks evaluated: {', '.join(results['tasks_evaluated']) or 'none'}",
-        f"- SentEval dir: {results['senteval_dir']}",
+        f"- SentEval dirs: {', '.join(results['senteval_dirs'])} (STS-B dev, the selection "
+        f"set, from {results['senteval_dir']})",
         f"- wall time (s): {timings}",
         f"- load average (1/5/15 min) at start {results['load_average']['start']}, "
         f"end {results['load_average']['end']}",

@@ -1,5 +1,5 @@
-"""The comparison: output sizes × methods × {STS-B dev, STS avg, transfer avg, retrieval}, as a
-table and as a plot."""
+"""The comparison: output sizes × methods × {STS-B dev, STS-B test, SICK-R test, STS12–16,
+unseen-STS avg, STS avg, transfer avg, retrieval}, as a table and as a plot."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from distributed_emb.tracking import Panel
 COLUMNS = (
     ("stsb_dev", "STS-B dev"),
     ("stsb_test", "STS-B test"),
+    ("sickr_test", "SICK-R test"),
+    ("sts12_16", "STS12–16"),
+    ("unseen_sts_avg", "unseen STS avg"),
     ("sts_avg", "STS avg"),
     ("transfer_avg", "transfer avg"),
     ("retrieval_mrr", "retrieval MRR"),
@@ -24,8 +27,10 @@ def summarise(suite_output: dict, stsb_dev: float) -> dict:
     """The table's numbers from one method's evaluation-suite output (see evaluation/suite.py).
 
     ``sts_avg`` averages the headline Spearman of every STS task present (STS12–16 pooled,
-    STS-B test, SICK-R test); ``transfer_avg`` the accuracy of every transfer task present.
-    Absent groups give None, shown as "-".
+    STS-B test, SICK-R test); ``unseen_sts_avg`` the same without STS-B, the domain the
+    heads are selected on (STS-B dev); ``sts12_16`` the mean of the STS12–16 years present
+    (each year's subsets pooled); ``transfer_avg`` the accuracy of every transfer task
+    present. Absent groups give None, shown as "-".
     """
     sts = suite_output.get("sts") or {}
     transfer = suite_output.get("transfer") or {}
@@ -33,10 +38,16 @@ def summarise(suite_output: dict, stsb_dev: float) -> dict:
     sts_values = [headline("sts", task, result) for task, result in sts.items()]
     transfer_values = [headline("transfer", task, result) for task, result in transfer.items()]
     stsb = sts.get("STSBenchmark")
+    unseen = [headline("sts", t, r) for t, r in sts.items() if t != "STSBenchmark"]
+    years = [headline("sts", t, r) for t, r in sts.items() if t.startswith("STS1")]
+    sick = sts.get("SICKRelatedness")
     first_retrieval = next(iter(retrieval.values()), None)
     return {
         "stsb_dev": stsb_dev,
         "stsb_test": headline("sts", "STSBenchmark", stsb) if stsb else None,
+        "sickr_test": headline("sts", "SICKRelatedness", sick) if sick else None,
+        "sts12_16": float(np.mean(years)) if years else None,
+        "unseen_sts_avg": float(np.mean(unseen)) if unseen else None,
         "sts_avg": float(np.mean(sts_values)) if sts_values else None,
         "sts_tasks": sorted(sts),
         "transfer_avg": float(np.mean(transfer_values)) if transfer_values else None,

@@ -1,4 +1,4 @@
-"""PCA and random-projection baselines against their plain definitions."""
+"""PCA, whitened PCA and random-projection baselines against their plain definitions."""
 
 from __future__ import annotations
 
@@ -19,6 +19,20 @@ def test_pca_projects_centred_vectors_onto_the_top_eigenvectors():
     got = project(train)
     # Eigenvector signs are arbitrary: compare column by column up to sign.
     for j in range(2):
+        sign = np.sign(got[:, j] @ expected[:, j])
+        np.testing.assert_allclose(sign * got[:, j], expected[:, j], rtol=1e-4, atol=1e-4)
+
+
+def test_whitened_pca_is_pca_scaled_to_unit_variance_per_component():
+    rng = np.random.default_rng(2)
+    train = rng.standard_normal((300, 5)) @ rng.standard_normal((5, 5))
+    centred = train - train.mean(0)
+    eigenvalues, eigenvectors = np.linalg.eigh(centred.T @ centred / (len(train) - 1))
+    order = np.argsort(eigenvalues)[::-1][:3]
+    expected = centred @ eigenvectors[:, order] / np.sqrt(eigenvalues[order])  # (300, 3)
+    got = fit_baseline("pca_whiten", train, 3)(train)
+    np.testing.assert_allclose(np.cov(got.T), np.eye(3), atol=1e-4)  # white on its data
+    for j in range(3):
         sign = np.sign(got[:, j] @ expected[:, j])
         np.testing.assert_allclose(sign * got[:, j], expected[:, j], rtol=1e-4, atol=1e-4)
 

@@ -11,10 +11,11 @@ from distributed_emb.evaluation.senteval_data import read_sts_benchmark
 from distributed_emb.mcr2.data import (
     PairsConfig,
     SentencesConfig,
+    idc_pairs,
     load_similar_pairs,
     load_training_sentences,
 )
-from distributed_emb.paths import shipped_senteval_dir
+from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
 
 
 def _write_jsonl(path, rows) -> str:
@@ -66,12 +67,12 @@ def test_a_label_column_splits_texts_and_skips_bad_rows(tmp_path):
 
 
 def test_sts_pairs_keep_scores_at_or_above_the_threshold():
-    pairs = load_similar_pairs(PairsConfig(min_score=4.5))
+    pairs = load_similar_pairs(PairsConfig(source="sts", min_score=4.5))
     train = read_sts_benchmark(shipped_senteval_dir(), "train")
     keep = train.scores >= 4.5
     assert len(pairs) == int(keep.sum())
     assert pairs.anchors[0] == train.sentences1[int(np.flatnonzero(keep)[0])]
-    sampled = load_similar_pairs(PairsConfig(min_score=4.5, max_pairs=10))
+    sampled = load_similar_pairs(PairsConfig(source="sts", min_score=4.5, max_pairs=10))
     assert len(sampled) == 10 and set(sampled.anchors) <= set(pairs.anchors)
 
 
@@ -95,5 +96,58 @@ def test_bad_pair_settings_are_named():
     with pytest.raises(ValueError, match="pairs.path is required"):
         load_similar_pairs(PairsConfig(source="file"))
     with pytest.raises(ValueError, match="lower pairs.min_score"):
-        load_similar_pairs(PairsConfig(min_score=6.0))
+        load_similar_pairs(PairsConfig(source="sts", min_score=6.0))
+    with pytest.raises(ValueError, match="pairs.idc_top_k must be ≥ 1"):
+        PairsConfig(idc_top_k=0).validate()
+    assert load_similar_pairs(PairsConfig()) is None  # idc: built from the vectors later
     assert load_similar_pairs(PairsConfig(source="none")) is None
+
+
+def test_default_sentences_are_every_shipped_document():
+    expected_texts, expected_ids = [], []
+    for name in ("wiki_documents.jsonl", "lee_documents.jsonl"):
+        with open(shipped_corpus(name), encoding="utf-8") as source:
+            for row in map(json.loads, source):
+                expected_texts += row["sentences"]
+                expected_ids += [row["id"]] * len(row["sentences"])
+    data = load_training_sentences(SentencesConfig())
+    assert data.texts == expected_texts  # all of them: no per-document cap by default
+    assert data.num_clusters == len(set(expected_ids)) == 97 + 300
+    assert [data.cluster_names[i] for i in data.cluster_ids] == expected_ids
+
+
+def _reference_idc_pairs(vectors: np.ndarray) -> set[frozenset[int]]:
+    """Plain IDC on one document: each sentence joined to its nearest other sentence (cosine),
+    connected components, every pair inside a component."""
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    parent = list(range(len(vectors)))
+
+    def find(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i, j in enumerate(similarity.argmax(1)):
+        parent[find(i)] = find(int(j))
+    groups: dict[int, list[int]] = {}
+    for i in range(len(vectors)):
+        groups.setdefault(find(i), []).append(i)
+    return {frozenset((a, b)) for g in groups.values() for a in g for b in g if a < b}
+
+
+def test_idc_pairs_are_the_nearest_neighbour_components_inside_each_document():
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((14, 6))
+    cluster_ids = np.array([0] * 6 + [1] * 7 + [2])  # the one-sentence document gives none
+    texts = [f"s{i}" for i in range(14)]
+    pairs = idc_pairs(texts, vectors, cluster_ids, PairsConfig(idc_max_pairs_per_cluster=None))
+    got = {frozenset((int(a[1:]), int(p[1:]))) for a, p in zip(pairs.anchors, pairs.positives)}
+    expected = _reference_idc_pairs(vectors[:6]) | {
+        frozenset((a + 6, b + 6)) for a, b in map(tuple, _reference_idc_pairs(vectors[6:13]))
+    }
+    assert got == expected and len(pairs) == len(expected)
+    assert "inside 2 documents" in pairs.summary
+    with pytest.raises(ValueError, match="IDC found no pairs"):
+        idc_pairs(["a", "b"], vectors[:2], np.array([0, 1]), PairsConfig())

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from distributed_emb.config import load_config
+from distributed_emb.evaluation.senteval_data import STS_YEAR_SUBSETS
 from distributed_emb.mcr2.config import MCR2Config
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
 from distributed_emb.tracking import write_panels
@@ -18,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> tuple[str, str]:
-    """A SentEval dir with the first 80 rows of each STS-B split, and 6 short documents."""
+def small_data(tmp_path_factory) -> tuple[str, str, str]:
+    """A SentEval dir with the first 80 rows of each STS-B split, 6 short documents, and a
+    second SentEval dir holding only an STS12 made of STS-B test rows 80–129 (10 per subset)."""
     root = tmp_path_factory.mktemp("mcr2_data")
     stsb = root / "senteval" / "STS" / "STSBenchmark"
     stsb.mkdir(parents=True)
@@ -27,17 +29,28 @@ def small_data(tmp_path_factory) -> tuple[str, str]:
         source = Path(shipped_senteval_dir()) / "STS" / "STSBenchmark" / f"sts-{split}.csv"
         lines = source.read_text(encoding="utf-8").splitlines(keepends=True)[:80]
         (stsb / f"sts-{split}.csv").write_text("".join(lines), encoding="utf-8")
+    sts12 = root / "more" / "STS" / "STS12-en-test"
+    sts12.mkdir(parents=True)
+    test_rows = (
+        (Path(shipped_senteval_dir()) / "STS" / "STSBenchmark" / "sts-test.csv")
+        .read_text(encoding="utf-8")
+        .splitlines()[80:130]
+    )
+    for i, subset in enumerate(STS_YEAR_SUBSETS["STS12"]):
+        fields = [row.split("\t") for row in test_rows[10 * i : 10 * i + 10]]
+        (sts12 / f"STS.input.{subset}.txt").write_text("".join(f"{f[5]}\t{f[6]}\n" for f in fields))
+        (sts12 / f"STS.gs.{subset}.txt").write_text("".join(f"{f[4]}\n" for f in fields))
     documents = root / "documents.jsonl"
     with open(shipped_corpus("wiki_documents.jsonl"), encoding="utf-8") as source:
         rows = [json.loads(line) for line in source][:6]
     documents.write_text(
         "".join(json.dumps({**r, "sentences": r["sentences"][:10]}) + "\n" for r in rows)
     )
-    return str(root / "senteval"), str(documents)
+    return str(root / "senteval"), str(documents), str(root / "more")
 
 
 def _overrides(tmp_path, tiny_bert_path, small_data) -> list[str]:
-    senteval_dir, documents = small_data
+    senteval_dir, documents, _ = small_data
     return [
         f"output_dir={tmp_path / 'run'}",
         f"encoder.path={tiny_bert_path}",
@@ -57,9 +70,10 @@ def _overrides(tmp_path, tiny_bert_path, small_data) -> list[str]:
 
 
 def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, monkeypatch):
+    from scipy.stats import spearmanr
     from sentence_transformers import SentenceTransformer
 
-    from distributed_emb.evaluation.senteval_data import read_sts_benchmark
+    from distributed_emb.evaluation.senteval_data import read_sts_benchmark, read_sts_year
     from distributed_emb.evaluation.sts import spearman_of_embeddings
     from distributed_emb.mcr2 import pipeline
     from distributed_emb.model.embedder import local_encode
@@ -72,22 +86,29 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
         return write_panels(panels, path, title)
 
     monkeypatch.setattr(pipeline, "write_panels", record_plot)
-    config = load_config(MCR2Config, None, _overrides(tmp_path, tiny_bert_path, small_data))
+    overrides = _overrides(tmp_path, tiny_bert_path, small_data)
+    config = load_config(
+        MCR2Config, None, [*overrides, f"eval.extra_senteval_dirs=[{small_data[2]}]"]
+    )
     config.validate()
     results = pipeline.run(config)
 
     methods = [(row["dim"], row["method"]) for row in results["table"]]
     assert methods == [
-        (4, "mcr2"), (4, "pca"), (4, "random"), (8, "mcr2"), (8, "pca"), (8, "random"),
-        (32, "full"),
+        (4, "mcr2"), (4, "pca"), (4, "pca_whiten"), (4, "random"),
+        (8, "mcr2"), (8, "pca"), (8, "pca_whiten"), (8, "random"), (32, "full"),
     ]  # fmt: skip
+    assert "pairs from IDC" in results["training"]["pairs"]  # the label-free default
     rows = {(row["dim"], row["method"]): row for row in results["table"]}
     for dim in (4, 8):
         head = results["training"]["heads"][dim]
         assert rows[(dim, "mcr2")]["stsb_dev"] == pytest.approx(head["best_stsb_dev"])
-    # Only STS-B is in this SentEval dir: the STS average is STS-B test; no transfer data.
+    # STS-B from the first dir, STS12 from the second; no SICK-R, no transfer data. The unseen
+    # average leaves STS-B (the selection domain) out.
     full = rows[(32, "full")]
-    assert full["sts_tasks"] == ["STSBenchmark"] and full["sts_avg"] == full["stsb_test"]
+    assert full["sts_tasks"] == ["STS12", "STSBenchmark"]
+    assert full["sts_avg"] == pytest.approx((full["stsb_test"] + full["sts12_16"]) / 2)
+    assert full["unseen_sts_avg"] == full["sts12_16"] and full["sickr_test"] is None
     assert full["transfer_avg"] is None and full["retrieval_mrr"] is not None
 
     # The uncompressed row is the plain encoder scored by the project's STS function.
@@ -97,10 +118,21 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
         for s in (test.sentences1, test.sentences2)
     )
     assert full["stsb_test"] == pytest.approx(spearman_of_embeddings(e1, e2, test.scores), abs=1e-3)
+    # STS12's subsets pooled, scored by hand on the same vectors.
+    subsets = read_sts_year(small_data[2], "STS12")
+    s1 = [s for x in subsets for s in x.sentences1]
+    s2 = [s for x in subsets for s in x.sentences2]
+    v1, v2 = (local_encode(s, tiny_bert_path, pooler="mean", max_seq_length=32) for s in (s1, s2))
+    cosine = (v1 * v2).sum(1) / np.linalg.norm(v1, axis=1) / np.linalg.norm(v2, axis=1)
+    gold = np.concatenate([x.scores for x in subsets])
+    assert full["sts12_16"] == pytest.approx(100 * spearmanr(cosine, gold)[0], abs=1e-3)
+    # Whitened PCA is PCA with each component scaled: the same rank order per component, but
+    # different cosines; it is its own row.
+    assert rows[(8, "pca_whiten")]["stsb_test"] != rows[(8, "pca")]["stsb_test"]
 
     out = Path(config.output_dir)
     written = json.loads((out / "results.json").read_text())
-    assert len(written["table"]) == 7 and "| 4 | mcr2 |" in (out / "results.md").read_text()
+    assert len(written["table"]) == 9 and "| 4 | mcr2 |" in (out / "results.md").read_text()
     model = SentenceTransformer(results["exported_models"][8], device="cpu")
     vectors = model.encode(test.sentences1[:5])
     assert vectors.shape == (5, 8)
@@ -111,7 +143,8 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     (panels,) = plotted
     dev = next(p for p in panels if p.title == "STS-B dev")
     assert dev.series == {
-        m: [(d, rows[(d, m)]["stsb_dev"]) for d in (4, 8)] for m in ("mcr2", "pca", "random")
+        m: [(d, rows[(d, m)]["stsb_dev"]) for d in (4, 8)]
+        for m in ("mcr2", "pca", "pca_whiten", "random")
     }
     assert dev.references == {"full (32)": full["stsb_dev"]} and dev.xticks == [4, 8]
     assert "transfer avg" not in [p.title for p in panels]  # no transfer data: no chart
