@@ -3,9 +3,9 @@
 The method needs a global batch (num_workers × batch_size rows whose second views are every
 row's negatives); how many processes compute it is a speed choice:
 - CPU-only node: one worker holding the whole global batch, with every core as its torch
-  threads. Two workers × one thread on two cores pay an all-reduce of every gradient and a
-  gather per step for nothing: one process with two threads does the same matmuls
-  (docs/BENCHMARKS.md, "Fast by default").
+  threads: no gloo all-reduce of every gradient and no gather per step. On 2 idle cores this
+  has not yet been measured faster than 2 workers × 1 thread (two OpenMP threads scale worse
+  than two processes: docs/BENCHMARKS.md, "Fast by default"), so it is not the default there.
 - GPU node: one worker per GPU, the global batch split evenly between them.
 - Several nodes, or a global batch the GPUs cannot split evenly: the layout as set.
 

@@ -44,17 +44,18 @@ def test_layouts_that_auto_does_not_touch():
     assert (as_set.num_workers, as_set.batch_size) == (2, 32)
 
 
-def test_the_default_job_config_asks_for_auto_and_can_be_overridden():
+def test_the_default_job_config_and_its_overrides():
     from jobs.train_informin import DEFAULT_CONFIG
 
     default = load_config(TrainingConfig, str(DEFAULT_CONFIG))
-    assert (default.train.layout, default.train.precision) == ("auto", "auto")
+    assert (default.train.layout, default.train.precision) == ("as_set", "auto")
     assert default.train.num_workers * default.train.batch_size == 64
-    pinned = load_config(
-        TrainingConfig, str(DEFAULT_CONFIG), ["train.layout=as_set", "train.precision=fp32"]
+    auto = load_config(
+        TrainingConfig, str(DEFAULT_CONFIG), ["train.layout=auto", "train.precision=fp32"]
     )
-    apply_layout(pinned.train, NodeShape(cpus=2, gpus=0))
-    assert (pinned.train.num_workers, pinned.train.batch_size) == (2, 32)
+    apply_layout(auto.train, NodeShape(cpus=2, gpus=0))
+    assert (auto.train.num_workers, auto.train.batch_size) == (1, 64)
+    assert auto.train.precision == "fp32"
 
 
 def test_precision_auto_reads_the_cpu_flags(tmp_path):
