@@ -55,6 +55,8 @@ IGNORED_KEYS = (
     "train.report_steps",
     "train.deepspeed.trust_checkpoints",
     "train.data_cpus",  # where work runs, not what is computed
+    # Resolved into num_workers and batch_size (which count) before the fingerprint is taken.
+    "train.layout",
     "train.lower_cpus_to_fit",
     "train.stall_timeout_s",
     "data.tokenize_in",  # the same token ids either way (tests/data/test_tokenize.py)

@@ -84,3 +84,15 @@ def test_engine_never_runs_with_auto(tiny_bert_path):
     assert engine.precision in ("fp32", "bf16")
     if not cpu_may_have_native_bf16():
         assert engine.precision == "fp32"
+
+
+def test_the_layout_key_leaves_a_runs_identity_alone():
+    from distributed_emb.config import to_dict
+    from distributed_emb.train.run_identity import fingerprint
+
+    before = to_dict(TrainingConfig())
+    del before["train"]["layout"]  # a run written before the key existed
+    after = TrainingConfig()
+    after.train.layout = "auto"
+    apply_layout(after.train, NodeShape(cpus=2, gpus=0, nodes=3))  # several nodes: as set
+    assert fingerprint(before) == fingerprint(to_dict(after))
