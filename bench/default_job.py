@@ -17,9 +17,9 @@ table gives the median of the per-round ratios. Contenders:
 - job variants: `--job "label=key=value,key=value"` adds the job with those overrides.
 
 tokens/s counts real (non-padding) tokens of both views. MFU is model FLOPs (3 × forward
-matmul FLOPs of the real tokens at a context of half the maximum length, bench/flops.py) over the machine's fp32 matmul rate measured
-in this run. Quality after equal steps is a separate command (docs/BENCHMARKS.md, "Fast by
-default"): this benchmark's runs are too short for it.
+matmul FLOPs of the real tokens at a context of half the maximum length, bench/flops.py) over
+the machine's fp32 matmul rate measured in this run. Quality after equal steps is a separate
+command (docs/BENCHMARKS.md, "Fast by default"): this benchmark's runs are too short for it.
 """
 
 from __future__ import annotations
@@ -131,10 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import transformers
-
-    from bench.baselines import BareLoop, SentenceTransformersRecipe
     from transformers import AutoConfig
 
+    from bench.baselines import BareLoop, SentenceTransformersRecipe
     from bench.flops import matmul_flops_per_s, training_flops_per_token
     from distributed_emb.paths import default_model_path
 

@@ -198,6 +198,13 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     # Ray's GCS, raylet and worker gRPC ports listen on every interface whatever the node IP:
     # token auth is what refuses strangers, so it is set here, not left to Ray's default.
     require_local_token_auth()
+    # Ray starts its workers at nice 15 (its `worker_niceness`), so on a machine doing anything
+    # else a local run gets only the CPU left over, while the plain script a user compares it
+    # with runs at 0. A local run is the user's foreground job: its workers run at the driver's
+    # priority. An explicit RAY_worker_niceness still wins; `ray start` clusters keep Ray's.
+    set_niceness = "RAY_worker_niceness" not in os.environ
+    if set_niceness:
+        os.environ["RAY_worker_niceness"] = "0"  # read by the local raylet at start
     try:
         ray.init(
             # A new instance of our own, never a `ray start` cluster that happens to run on
@@ -210,6 +217,8 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
         )
     finally:
         os.environ.pop("RAY_GCS_SERVER_PORT", None)
+        if set_niceness:
+            os.environ.pop("RAY_worker_niceness", None)
 
 
 def require_local_token_auth() -> None:
@@ -407,11 +416,10 @@ def _class_source(cls: type) -> str | None:
         return None
     lines = text.splitlines()
     header = re.compile(rf"class {re.escape(cls.__name__)}\b")
-    for start, line in enumerate(lines):
-        if header.match(line):
-            break
-    else:
+    starts = [row for row, line in enumerate(lines) if header.match(line)]
+    if not starts:
         return None
+    start = starts[0]
     end = start + 1
     # The body runs until the next line of code at column 0 (blank lines and comments inside
     # the class are part of it).

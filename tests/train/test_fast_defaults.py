@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from distributed_emb.config import TrainLoopConfig, TrainingConfig, load_config
+from distributed_emb.config import TrainingConfig, TrainLoopConfig, load_config
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.engine import build_engine
 from distributed_emb.train.layout import NodeShape, apply_layout, auto_layout

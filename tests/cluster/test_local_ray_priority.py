@@ -1,0 +1,58 @@
+"""A local run's Ray workers run at the driver's priority, not at Ray's default nice 15 (which
+leaves training only the CPU that anything else on the machine does not want)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+REPO = Path(__file__).resolve().parents[2]
+
+# cli.start_ray as the jobs call it, then the niceness of the driver and of a task's worker.
+PROBE = """
+import json, os
+import ray
+from distributed_emb.cli import start_ray
+from distributed_emb.config import TrainingConfig, load_config
+
+start_ray(load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]))
+
+@ray.remote
+def niceness():
+    return os.nice(0)
+
+print(json.dumps({"driver": os.nice(0), "worker": ray.get(niceness.remote()),
+                  "env_left": os.environ.get("RAY_worker_niceness")}), flush=True)
+ray.shutdown()
+"""
+
+
+def _probe(env: dict[str, str]) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_local_workers_run_at_the_drivers_priority_unless_the_user_says_otherwise(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
+    env["HOME"] = str(tmp_path)  # the token file start_ray writes stays in the test's directory
+    seen = _probe(env)
+    assert seen["worker"] == seen["driver"]
+    assert seen["env_left"] is None  # the setting is not left behind in the driver's env
+
+    seen = _probe({**env, "RAY_worker_niceness": "7"})
+    assert seen["worker"] == 7
