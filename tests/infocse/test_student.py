@@ -41,9 +41,7 @@ def test_student_equals_the_sources_first_k_layers(tmp_path, tiny_bert_path):
     assert not np.allclose(embedded, _mean_pool_hidden_state(tiny_bert_path, 2), atol=1e-3)
 
 
-def test_student_of_the_packaged_minilm_keeps_its_pooling_and_normalisation(
-    tmp_path, minilm_path
-):
+def test_student_of_the_packaged_minilm_keeps_its_pooling_and_normalisation(tmp_path, minilm_path):
     from distributed_emb.model.embedder import Embedder
 
     student = build_layer_student(minilm_path, 3, str(tmp_path / "student"))
