@@ -71,6 +71,15 @@ class SearchJobConfig(TrainingConfig):
         require_range(t.max_concurrent_trials, "tune.max_concurrent_trials", 1, allow_none=True)
         require_range(t.max_failures, "tune.max_failures", -1, why="-1: unlimited")
         require_seed(t.seed, "tune.seed", allow_none=True)
+        # Trials are laid out together by the search's resource plan, with the workers and
+        # batch each trial is given (or searches): a per-trial automatic layout would change
+        # the batch size the searcher thinks it chose.
+        _require(
+            self.train.layout == "as_set",
+            "train.layout",
+            "auto is for a single training run; a search lays its trials out as set (set "
+            "train.num_workers and train.batch_size, or search them)",
+        )
         space = self.space()
         if t.searcher == "optuna":
             grid = [key for key, d in space.items() if d.kind == "grid"]
