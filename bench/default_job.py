@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import describe_machine, uptime_line  # noqa: E402
+from distributed_emb.tables import markdown_table  # noqa: E402
 
 NAIVE = "naive script (1 process, fp32, global batch in one step)"
 RECIPE = "sentence-transformers SimCSE recipe (MNRL)"
@@ -214,16 +215,24 @@ def render(result: dict) -> str:
         "Load: " + "; ".join(f"{when}: {line}" for when, line in result["load"]),
         f"fp32 matmul rate: {result['matmul_gflops']:.0f} GFLOP/s",
         "",
-        "| contender | real tokens/s | × naive (per round) | × sentence-transformers | MFU |",
-        "|---|---|---|---|---|",
     ]
+    columns = [
+        "contender", "real tokens/s", "× naive (per round)", "× sentence-transformers", "MFU"
+    ]  # fmt: skip
+    rows = []
     for row in result["rows"]:
         rounds = " · ".join(f"{x:.2f}" for x in row["x_naive_rounds"])
         recipe = f"{row['x_recipe']:.2f}×" if row["x_recipe"] is not None else "–"
-        lines.append(
-            f"| {row['contender']} | {row['tokens_per_s']:,.0f} | {row['x_naive']:.2f}× "
-            f"({rounds}) | {recipe} | {100 * row['mfu']:.1f}% |"
+        rows.append(
+            [
+                row["contender"],
+                f"{row['tokens_per_s']:,.0f}",
+                f"{row['x_naive']:.2f}× ({rounds})",
+                recipe,
+                f"{100 * row['mfu']:.1f}%",
+            ]
         )
+    lines.append(markdown_table(columns, rows))
     return "\n".join(lines)
 
 

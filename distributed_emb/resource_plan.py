@@ -322,10 +322,16 @@ def pool_plan(
     return plan
 
 
+_POOL_TABLES_SHOWN: set[str] = set()
+
+
 def check_pool_plan(pool: Extra, fix: str = "") -> ResourcePlan:
     """pool_plan on the connected cluster: log its table, raise PlanError if it can never fit."""
     plan = pool_plan(cluster_from_ray(), pool, fix=fix)
-    log.info("%s", plan.table())
+    table = plan.table()
+    if table not in _POOL_TABLES_SHOWN:  # an evaluation starts a pool per task: show it once
+        _POOL_TABLES_SHOWN.add(table)
+        log.info("%s", table)
     if plan.problem:
         raise PlanError(f"the {pool.label} do not fit the cluster: {plan.problem}")
     return plan

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from distributed_emb.config import ConfigError, require_range
 from distributed_emb.data.corpus import KeepCleanRows, collect_report, start_drop_counter
 from distributed_emb.data.readers import DROP, DropReport, corpus_datasource, iter_parsed_blocks
 from distributed_emb.data.sources import resolve_sources
@@ -208,9 +209,8 @@ class DocumentsConfig:
 
     def validate(self) -> None:
         if not self.paths:
-            raise ValueError("documents.paths is empty")
-        if self.min_sentences < 1:
-            raise ValueError(f"documents.min_sentences must be ≥ 1, got {self.min_sentences}")
+            raise ConfigError("documents.paths: is empty")
+        require_range(self.min_sentences, "documents.min_sentences", 1)
 
     @property
     def columns(self) -> DocumentColumns:

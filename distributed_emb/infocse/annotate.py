@@ -28,9 +28,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
 
+from distributed_emb.config import require_range
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
+from distributed_emb.model.embedder import Embedder, default_cpus_per_actor
 from distributed_emb.resource_plan import Extra, check_pool_plan
+from distributed_emb.train.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 logger = logging.getLogger(__name__)
 
@@ -75,21 +80,28 @@ class AnnotationConfig:
     num_cpus_per_actor: float | None = None  # None: leave one CPU for Ray Data's own tasks
     num_gpus_per_actor: float = 0.0
     torch_threads: int | None = None  # None: Ray's OMP setting for the actor's CPU share
+    # Seconds the pool may wait for resources that never free before the round fails naming
+    # them (null: wait forever).
+    stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S
     idc: IDCConfig = field(default_factory=IDCConfig)
 
     def validate(self) -> None:
-        self.idc.validate()
+        self.idc.validate("annotation.idc")
         for name in ("encode_batch_size", "documents_per_batch", "concurrency", "teacher_rounds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"annotation.{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.num_cpus_per_actor is not None and self.num_cpus_per_actor <= 0:
-            raise ValueError(
-                f"annotation.num_cpus_per_actor must be > 0, got {self.num_cpus_per_actor}"
-            )
-        if self.num_gpus_per_actor < 0:
-            raise ValueError(
-                f"annotation.num_gpus_per_actor must be ≥ 0, got {self.num_gpus_per_actor}"
-            )
+            require_range(getattr(self, name), f"annotation.{name}", 1)
+        require_range(self.max_seq_length, "annotation.max_seq_length", 4, allow_none=True)
+        require_range(
+            self.num_cpus_per_actor,
+            "annotation.num_cpus_per_actor",
+            0,
+            low_open=True,
+            allow_none=True,
+        )
+        require_range(self.num_gpus_per_actor, "annotation.num_gpus_per_actor", 0)
+        require_range(self.torch_threads, "annotation.torch_threads", 1, allow_none=True)
+        require_range(
+            self.stall_timeout_s, "annotation.stall_timeout_s", 0, low_open=True, allow_none=True
+        )
 
 
 @dataclass
@@ -156,7 +168,6 @@ class DocumentAnnotator:
     """
 
     def __init__(self, model_path: str, config: AnnotationConfig) -> None:
-        from distributed_emb.model.embedder import Embedder
 
         self.config = config
         self.embedder = Embedder(
@@ -244,10 +255,6 @@ def annotate_documents(
     Writes the pairs to Parquet files under `output_dir` (which must be new or empty) and
     returns the counts. Uses the running Ray instance (or starts a local one).
     """
-    import ray
-
-    from distributed_emb.model.embedder import default_cpus_per_actor
-
     config = config or AnnotationConfig()
     config.validate()
     _check_output_dir(output_dir)
@@ -265,42 +272,44 @@ def annotate_documents(
     )
 
     start = time.perf_counter()
-    # Small blocks handed out at most two at a time per actor, so the pool balances itself:
-    # documents differ in length by 100× (4–637 sentences in the shipped wiki corpus), and
-    # with 32-document blocks queued up front one actor sat alone on the wiki tail for a
-    # third of the run.
-    documents = documents.repartition(target_num_rows_per_block=config.documents_per_batch)
-    annotated = documents.map_batches(
-        DocumentAnnotator,
-        fn_constructor_kwargs={"model_path": model_path, "config": config},
-        batch_size=config.documents_per_batch,
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(
-            size=config.concurrency, max_tasks_in_flight_per_actor=2
-        ),
-        num_cpus=num_cpus,
-        num_gpus=config.num_gpus_per_actor,
-    ).materialize()  # embedded once; counted and written from the stored rows
+    hint = "fix: annotation.concurrency, annotation.num_cpus_per_actor or the cluster's nodes"
+    with no_silent_stall(config.stall_timeout_s, hint=hint):
+        # Small blocks handed out at most two at a time per actor, so the pool balances itself:
+        # documents differ in length by 100× (4–637 sentences in the shipped wiki corpus), and
+        # with 32-document blocks queued up front one actor sat alone on the wiki tail for a
+        # third of the run.
+        documents = documents.repartition(target_num_rows_per_block=config.documents_per_batch)
+        annotated = documents.map_batches(
+            DocumentAnnotator,
+            fn_constructor_kwargs={"model_path": model_path, "config": config},
+            batch_size=config.documents_per_batch,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(
+                size=config.concurrency, max_tasks_in_flight_per_actor=2
+            ),
+            num_cpus=num_cpus,
+            num_gpus=config.num_gpus_per_actor,
+        ).materialize()  # embedded once; counted and written from the stored rows
 
-    counts = AnnotationCounts()
-    for row in annotated.map_batches(_counts_table, batch_format="pyarrow").iter_rows():
-        counts.add(AnnotationCounts(**{k: int(v) for k, v in row.items()}))
-    # Blocks arrive in whatever order actors finish them (another order on a rerun, or after a
-    # lost node's actor is restarted elsewhere), and the files' names and rows follow that
-    # order; training arranges pairs from the order read back. Sorted by doc_id, and written
-    # in that order, the files hold the same rows in the same order on every run.
-    # The sort makes one partition per input block: documents_per_batch-row blocks would make
-    # thousands of tiny partitions, so it sorts blocks of about _SORT_BLOCK_DOCUMENTS rows.
-    sort_blocks = max(1, math.ceil(counts.documents / _SORT_BLOCK_DOCUMENTS))
-    ordered = annotated.repartition(sort_blocks).sort("doc_id")
-    ordered.context.execution_options.preserve_order = True  # this dataset's own context
-    # `output_dir` is a path on the driver's machine, where the driver reads the pairs back:
-    # written by the worker nodes, each node's files would land on its own disk. `local://`
-    # runs the write tasks on the driver's node, with no CPU reserved because an on-demand
-    # head offers none (cluster/aws.yaml); they only encode and store what the actors made.
-    ordered.map_batches(
-        _explode_pairs, batch_format="pyarrow", fn_kwargs={"round_index": round_index}
-    ).write_parquet(f"local://{Path(output_dir).resolve()}", ray_remote_args={"num_cpus": 0})
+        counts = AnnotationCounts()
+        for row in annotated.map_batches(_counts_table, batch_format="pyarrow").iter_rows():
+            counts.add(AnnotationCounts(**{k: int(v) for k, v in row.items()}))
+        # Blocks arrive in whatever order actors finish them (another order on a rerun, or after a
+        # lost node's actor is restarted elsewhere), and the files' names and rows follow that
+        # order; training arranges pairs from the order read back. Sorted by doc_id, and written
+        # in that order, the files hold the same rows in the same order on every run.
+        # The sort makes one partition per input block: documents_per_batch-row blocks would make
+        # thousands of tiny partitions, so it sorts blocks of about _SORT_BLOCK_DOCUMENTS rows.
+        sort_blocks = max(1, math.ceil(counts.documents / _SORT_BLOCK_DOCUMENTS))
+        ordered = annotated.repartition(sort_blocks).sort("doc_id")
+        ordered.context.execution_options.preserve_order = True  # this dataset's own context
+        # `output_dir` is a path on the driver's machine, where the driver reads the pairs back:
+        # written by the worker nodes, each node's files would land on its own disk. `local://`
+        # runs the write tasks on the driver's node, with no CPU reserved because an on-demand
+        # head offers none (cluster/aws.yaml); they only encode and store what the actors made.
+        ordered.map_batches(
+            _explode_pairs, batch_format="pyarrow", fn_kwargs={"round_index": round_index}
+        ).write_parquet(f"local://{Path(output_dir).resolve()}", ray_remote_args={"num_cpus": 0})
     result = AnnotationResult(counts, time.perf_counter() - start, output_dir)
     logger.info("round %d: %s → %s", round_index, result.summary(), output_dir)
     return result
@@ -347,8 +356,6 @@ def annotate_documents_locally(
     annotated = pa.concat_tables(tables) if tables else _DOCUMENT_ANNOTATION_SCHEMA.empty_table()
     pairs = _explode_pairs(annotated, round_index)
     if output_dir is not None:
-        import pyarrow.parquet as pq
-
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         pq.write_table(pairs, Path(output_dir) / "pairs.parquet")
     result = AnnotationResult(_counts_of(annotated), time.perf_counter() - start, output_dir)

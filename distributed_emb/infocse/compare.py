@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.tables import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +48,16 @@ DEFAULTS = ["student.num_layers=3", "rounds.max_rounds=1"]
 
 
 def format_table(rows: list[dict]) -> str:
-    head = "| arm | " + " | ".join(title for _, title in COLUMNS) + " | steps | wall s |"
-    lines = [head, "|---" + "|---:" * (len(COLUMNS) + 2) + "|"]
-    for row in rows:
-        cells = [f"{row[key]:.2f}" if row.get(key) is not None else "–" for key, _ in COLUMNS]
-        steps = row.get("steps")
-        wall = row.get("wall_s")
-        lines.append(
-            f"| {row['arm']} | " + " | ".join(cells)
-            + f" | {steps if steps is not None else '–'} | "
-            + (f"{wall:.0f}" if wall is not None else "–") + " |"
-        )  # fmt: skip
-    return "\n".join(lines)
+    def number(value, digits: int) -> str:
+        return f"{value:.{digits}f}" if value is not None else "–"
+
+    columns = ["arm", *(title for _, title in COLUMNS), "steps", "wall s"]
+    cells = (
+        [row["arm"], *(number(row.get(key), 2) for key, _ in COLUMNS)]
+        + [str(row["steps"]) if row.get("steps") is not None else "–", number(row.get("wall_s"), 0)]
+        for row in rows
+    )
+    return markdown_table(columns, cells, right_aligned="-" + "r" * (len(COLUMNS) + 2))
 
 
 def _sentences_file(dataset, path: Path) -> int:

@@ -32,6 +32,8 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from distributed_emb.config import require_range, require_seed
+
 
 @dataclass
 class IDCConfig:
@@ -42,13 +44,12 @@ class IDCConfig:
     max_pairs_per_cluster: int | None = None  # None: every pair of every cluster
     seed: int = 0
 
-    def validate(self) -> None:
-        if self.top_k < 1:
-            raise ValueError(f"idc.top_k must be ≥ 1, got {self.top_k}")
-        if self.max_pairs_per_cluster is not None and self.max_pairs_per_cluster < 1:
-            raise ValueError(
-                f"idc.max_pairs_per_cluster must be ≥ 1 or null, got {self.max_pairs_per_cluster}"
-            )
+    def validate(self, key: str = "annotation.idc") -> None:
+        require_range(self.top_k, f"{key}.top_k", 1)
+        require_seed(self.seed, f"{key}.seed")
+        require_range(
+            self.max_pairs_per_cluster, f"{key}.max_pairs_per_cluster", 1, allow_none=True
+        )
 
 
 @dataclass

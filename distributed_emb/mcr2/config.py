@@ -64,7 +64,7 @@ class OptimConfig:
 
 
 @dataclass
-class EvalConfig:
+class CompressionEvalConfig:
     # A SentEval data/downstream dir (None: the shipped STS-B only). STS-B dev there selects
     # the best epoch; every STS, transfer and retrieval task present in it is reported.
     senteval_dir: str | None = None
@@ -96,7 +96,7 @@ class MCR2Config:
     head: HeadConfig = field(default_factory=HeadConfig)
     loss: MCR2LossConfig = field(default_factory=MCR2LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: CompressionEvalConfig = field(default_factory=CompressionEvalConfig)
     matryoshka: MatryoshkaConfig = field(default_factory=MatryoshkaConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     # train_log.jsonl and TensorBoard/W&B/MLflow in output_dir (each head's epochs, the table);

@@ -25,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 
+from distributed_emb.config import require_range, require_seed
 from distributed_emb.data.documents import DocumentsConfig, read_documents_locally
 from distributed_emb.mcr2.assignments import cluster_ids_from_column
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
@@ -68,9 +69,7 @@ class SentencesConfig:
     def validate(self) -> None:
         self.documents().validate()
         for name in ("max_per_cluster", "max_sentences"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"sentences.{name} must be ≥ 1 or null, got {value}")
+            require_range(getattr(self, name), f"sentences.{name}", 1, allow_none=True)
 
 
 @dataclass
@@ -100,13 +99,11 @@ class PairsConfig:
             raise ValueError("pairs.path is required when pairs.source is 'file'")
         if self.source == "sts" and not self.sts_sets:
             raise ValueError("pairs.sts_sets is empty")
-        if self.idc_top_k < 1:
-            raise ValueError(f"pairs.idc_top_k must be ≥ 1, got {self.idc_top_k}")
+        require_range(self.idc_top_k, "pairs.idc_top_k", 1)
         cap = self.idc_max_pairs_per_cluster
-        if cap is not None and cap < 1:
-            raise ValueError(f"pairs.idc_max_pairs_per_cluster must be ≥ 1 or null, got {cap}")
-        if self.max_pairs is not None and self.max_pairs < 1:
-            raise ValueError(f"pairs.max_pairs must be ≥ 1 or null, got {self.max_pairs}")
+        require_range(cap, "pairs.idc_max_pairs_per_cluster", 1, allow_none=True)
+        require_range(self.max_pairs, "pairs.max_pairs", 1, allow_none=True)
+        require_seed(self.seed, "pairs.seed")
 
 
 @dataclass

@@ -66,7 +66,9 @@ def train_matryoshka(
     start = time.perf_counter()
     torch.manual_seed(config.seed)
     model = load_sentence_transformer(model_path, pooler=pooler, max_seq_length=max_seq_length)
-    full = model.get_sentence_embedding_dimension()
+    # Renamed in sentence-transformers 5.x; the old name still works there but warns.
+    dimension = getattr(model, "get_embedding_dimension", None)
+    full = dimension() if dimension else model.get_sentence_embedding_dimension()
     sizes = sorted({*(d for d in dims if d <= full), full}, reverse=True)
     loss_fn = losses.MatryoshkaLoss(model, losses.MultipleNegativesRankingLoss(model), sizes)
     optimiser = torch.optim.AdamW(model.parameters(), lr=config.lr)

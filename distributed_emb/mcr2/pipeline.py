@@ -59,7 +59,7 @@ from distributed_emb.mcr2.data import (
 from distributed_emb.mcr2.embeddings import CachedEncoder
 from distributed_emb.mcr2.export import export_compressed_model
 from distributed_emb.mcr2.matryoshka import train_matryoshka, truncate
-from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, markdown_table, summarise
+from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, results_table, summarise
 from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, train_head
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.tracking import MetricsSinks, write_panels
@@ -427,7 +427,7 @@ def export_heads(
 def write_outputs(results: dict, heads: dict[int, TrainedHead], output_dir: Path) -> None:
     """``results.json``, ``results.md`` and the comparison plot; ``results["table_markdown"]``
     for the job's console."""
-    table = markdown_table(results["table"])
+    table = results_table(results["table"])
     write_results(results, output_dir / "results.json")
     write_text_atomic(output_dir / "results.md", _markdown_report(results, table))
     write_panels(

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from distributed_emb.evaluation.report import headline
+from distributed_emb.tables import markdown_table
 from distributed_emb.tracking import Panel
 
 COLUMNS = (
@@ -62,14 +63,14 @@ def _cell(value) -> str:
     )
 
 
-def markdown_table(rows: list[dict]) -> str:
+def results_table(rows: list[dict]) -> str:
     """rows: {"dim", "method", **summary}; one line per (dim, method), as a Markdown table."""
     header = ["dim", "method", *(title for _, title in COLUMNS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = [str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in COLUMNS)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table(
+        header,
+        ([str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in COLUMNS)]
+         for row in rows),
+    )  # fmt: skip
 
 
 def comparison_panels(rows: list[dict], head_histories: dict[int, list[dict]]) -> list[Panel]:

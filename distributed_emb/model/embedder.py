@@ -24,6 +24,8 @@ import ray
 import torch
 
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
+from distributed_emb.resource_plan import Extra, check_pool_plan
+from distributed_emb.train.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 INDEX_COLUMN = "__index"
 EMBEDDING_COLUMN = "embedding"
@@ -150,12 +152,15 @@ def ray_encode(
     num_cpus_per_actor: float | None = None,
     num_gpus_per_actor: float | None = None,
     torch_threads: int | None = None,
+    stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S,
 ) -> np.ndarray:
     """Embed `sentences` with a Ray Data actor pool; returns (n, d) float32 in input order.
 
     Uses the running Ray instance (or starts a local one). `num_cpus_per_actor` defaults to
     a share that leaves one CPU free (:func:`default_cpus_per_actor`); `num_gpus_per_actor`
-    defaults to 1 when the cluster has at least `concurrency` GPUs, else 0.
+    defaults to 1 when the cluster has at least `concurrency` GPUs, else 0. A pool that can
+    never fit fails before it starts (PlanError); one that waits `stall_timeout_s` for
+    resources that never free fails naming them (StallError).
     """
     sentences = [str(s) for s in sentences]
     n = len(sentences)
@@ -170,6 +175,10 @@ def ray_encode(
         num_cpus_per_actor = default_cpus_per_actor(concurrency, resources.get("CPU", 1.0))
     if num_gpus_per_actor is None:
         num_gpus_per_actor = 1.0 if resources.get("GPU", 0.0) >= concurrency else 0.0
+    check_pool_plan(
+        Extra("encoding actors", concurrency, num_cpus_per_actor, num_gpus_per_actor),
+        fix="the encoder's concurrency or num_cpus_per_actor",
+    )
 
     # Rows sorted by length so each batch pads little; the index column restores the order.
     by_length = sorted(range(n), key=lambda i: len(sentences[i]))
@@ -196,9 +205,11 @@ def ray_encode(
 
     indices: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
-    for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
-        indices.append(np.asarray(batch[INDEX_COLUMN], dtype=np.int64))
-        chunks.append(np.asarray(batch[EMBEDDING_COLUMN], dtype=np.float32))
+    hint = "fix: the encoder's concurrency, num_cpus_per_actor or the cluster's nodes"
+    with no_silent_stall(stall_timeout_s, hint=hint):
+        for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
+            indices.append(np.asarray(batch[INDEX_COLUMN], dtype=np.int64))
+            chunks.append(np.asarray(batch[EMBEDDING_COLUMN], dtype=np.float32))
     index = np.concatenate(indices)  # (n,)
     embeddings = np.concatenate(chunks).reshape(len(index), -1)  # (n, d)
     if len(index) != n or not np.array_equal(np.sort(index), np.arange(n)):

@@ -7,6 +7,7 @@ runs the same number of steps (gathers need every rank present).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -16,10 +17,14 @@ import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+import ray.train
+import ray.train.torch
 import torch
+import transformers
+from transformers import AutoTokenizer
 
 from distributed_emb import distributed
-from distributed_emb.config import TrainingConfig, training_config_from_dict
+from distributed_emb.config import TrainingConfig, TrainLoopConfig, training_config_from_dict
 from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
 from distributed_emb.data.epoch_stream import (
     TrainedRowLog,
@@ -34,6 +39,7 @@ from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
 from distributed_emb.train.engine import build_engine
 from distributed_emb.train.grad_cache import cached_step
+from distributed_emb.train.precision import resolve_precision
 from distributed_emb.train.progress import ProgressLog
 from distributed_emb.train.step import plain_step
 
@@ -74,84 +80,173 @@ def plan_steps(config: TrainingConfig, num_rows: int | None, world_size: int) ->
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-    import ray.train
-    import ray.train.torch
-    import transformers
-    from transformers import AutoTokenizer
+    """What every Ray Train worker runs: set up (or restore), score the start, train epoch by
+    epoch until the planned steps are done, close."""
+    run = WorkerRun(loop_config)
+    if run.state.step == 0 and not run.state.history:
+        run.evaluate_and_report()  # the starting point, so a run shows whether training helped
+    while run.wants_another_epoch():
+        run.train_epoch()
+    run.finish()
 
-    transformers.logging.set_verbosity_error()  # no per-worker weight-loading reports
-    config = training_config_from_dict(loop_config["training"])
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    torch.set_num_threads(worker_threads(config))
-    # A different seed per rank: each worker's dropout masks must differ.
-    torch.manual_seed(config.train.seed + rank)
-    random.seed(config.train.seed + rank)
-    device = ray.train.torch.get_device()
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        config.model_path, trust_remote_code=config.model.trust_remote_code
-    )
-    encoder = build_encoder(config)
-    encoder.train()  # from_pretrained returns eval mode: without this there is no dropout noise
-    total_steps = plan_steps(config, loop_config["num_rows"], world)
-    engine = build_engine(encoder, config.train, total_steps, device)
-    if rank == 0 and config.train.precision == "auto":
-        log.warning("train.precision=auto: %s on %s", getattr(engine, "precision", "?"), device)
-    weights = ObjectiveWeights.from_config(config.loss)
-    accumulation = config.train.gradient_accumulation_steps
-    step_fn = _step_function(config)
+class WorkerRun:
+    """One worker's training run: the model, engine and data it trains with and the loop
+    state a checkpoint saves. Its methods are the loop's steps, in the order they run."""
 
-    state = LoopState()
-    # Row ids every rank trained on in the current epoch before the checkpoint: skipped when
-    # the epoch resumes (the union of all ranks, so a changed worker count stays exact too).
-    trained_before = np.zeros(0, dtype=np.int64)
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
+    def __init__(self, loop_config: dict):
+        transformers.logging.set_verbosity_error()  # no per-worker weight-loading reports
+        self.config_dict = loop_config["training"]
+        config = self.config = training_config_from_dict(self.config_dict)
+        context = ray.train.get_context()
+        self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        torch.set_num_threads(worker_threads(config))
+        # A different seed per rank: each worker's dropout masks must differ.
+        torch.manual_seed(config.train.seed + self.rank)
+        random.seed(config.train.seed + self.rank)
+        self.device = ray.train.torch.get_device()
+
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.model_path, trust_remote_code=config.model.trust_remote_code
+        )
+        self.encoder = build_encoder(config)
+        self.encoder.train()  # from_pretrained gives eval mode: without this, no dropout noise
+        self.total_steps = plan_steps(config, loop_config["num_rows"], self.world)
+        self.engine = build_engine(
+            self.encoder, self._decided_precision(), self.total_steps, self.device
+        )
+        self.weights = ObjectiveWeights.from_config(config.loss)
+        self.accumulation = config.train.gradient_accumulation_steps
+        self.step_fn = _step_function(config)
+
+        self.state = LoopState()
+        # Row ids every rank trained on in the current epoch (the union of all ranks, so a
+        # changed worker count resumes exactly too); the first entry is what a resumed epoch
+        # trained before its checkpoint, skipped when the epoch continues.
+        self.epoch_rows: list[np.ndarray] = [self._restore()]
+
+        # Length grouping: pools of `group` batches, which the collator cuts into `group`
+        # batches of similar length.
+        self.group = max(1, config.data.length_group_batches)
+        self.collate = _collator(config, self.tokenizer, self.rank, self.group)
+        self.row_log = (
+            TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
+        )
+        self.shard = ray.train.get_dataset_shard("train")
+        self.progress = ProgressLog.for_worker(
+            config, self.total_steps, self.world, self.rank, start_step=self.state.step
+        )
+        self.truncated_since_report = torch.zeros((), dtype=torch.long, device=self.device)
+
+    def _decided_precision(self) -> TrainLoopConfig:
+        """train.precision=auto is decided on rank 0 and broadcast: on CPUs it is timed, and
+        ranks that decided apart would train one model in two precisions."""
+        train = self.config.train
+        if train.precision != "auto":
+            return train
+        choice = resolve_precision("auto", self.device) if self.rank == 0 else None
+        choice = distributed.broadcast_object(choice)
+        if self.rank == 0:
+            log.warning("train.precision=auto: %s on %s", choice, self.device)
+        return dataclasses.replace(train, precision=choice)
+
+    def _restore(self) -> np.ndarray:
+        """Load the checkpoint Ray hands a restarted run; the row ids trained this epoch."""
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return np.zeros(0, dtype=np.int64)
         with checkpoint.as_directory() as directory:
-            engine.load(directory)
-            state = load_loop_state(directory, rank)
+            self.engine.load(directory)
+            self.state = load_loop_state(directory, self.rank)
             trained_before = load_epoch_rows(directory)
-        state.restarts += 1
-        if rank == 0:
+        self.state.restarts += 1
+        if self.rank == 0:
+            state = self.state
             log.warning(
                 "resumed from step %d (epoch %d, batch %d)",
                 state.step,
                 state.epoch,
                 state.batches_in_epoch,
             )
+        return trained_before
 
-    collate = ContrastiveCollator(
-        tokenizer,
-        config.model.max_seq_length,
-        kind=config.data.kind,
-        text_column=config.data.text_column,
-        anchor_column=config.data.anchor_column,
-        positive_column=config.data.positive_column,
-        group_column=config.data.group_column,
-        mlm_probability=config.loss.mlm_probability if config.loss.mlm_weight > 0 else None,
-        seed=config.train.seed + rank,
-    )
-    # Length grouping: pools of `group` batches, which the collator cuts into `group` batches
-    # of similar length.
-    group = max(1, config.data.length_group_batches)
-    if group > 1:
-        collate = LengthGroupedCollator(collate, config.train.batch_size, config.train.seed + rank)
-    epoch_rows: list[np.ndarray] = [trained_before]  # this epoch's trained row ids, all ranks
-    row_log = TrainedRowLog(config.output.dir, rank) if config.output.row_log else None
-    shard = ray.train.get_dataset_shard("train")
-    progress = ProgressLog.for_worker(config, total_steps, world, rank, start_step=state.step)
+    def wants_another_epoch(self) -> bool:
+        return self.state.step < self.total_steps and self.state.epoch < self.config.train.epochs
 
-    truncated_since_report = torch.zeros((), dtype=torch.long, device=device)
+    def train_epoch(self) -> None:
+        """Train on this rank's shard until it runs out (on any rank) or the run is done."""
+        config, state = self.config, self.state
+        pools = epoch_batches(
+            self.shard,
+            config.train.batch_size * self.group,
+            None if config.data.shuffle_seed is None else config.data.shuffle_buffer_rows,
+            seed=(config.data.shuffle_seed or 0) + 1000 * state.epoch + self.rank,
+            skip=np.concatenate(self.epoch_rows) if state.batches_in_epoch else None,
+            # A last partial pool still gives its whole batches (length grouping).
+            last_at_least=config.train.batch_size if self.group > 1 else None,
+        )
+        # Per optimizer step (summed over its micro-batches): seconds waiting for batches,
+        # seconds computing, real tokens. Plain numbers and tensors: no host/device sync.
+        waited, computed, real_tokens = 0.0, 0.0, 0
+        for batch, wait in _timed(_collated(pools, self.collate, self.device)):
+            # Every rank must take the same steps (gathers wait for all): the epoch ends for
+            # all as soon as one rank's shard runs out.
+            if not distributed.all_ranks(batch is not None):
+                break
+            waited += wait
+            started = time.perf_counter()
+            micro = state.batches_in_epoch % self.accumulation
+            last_micro = micro == self.accumulation - 1
+            metrics = self.step_fn(self.engine, batch, self.weights, sync=last_micro)
+            self._count_batch(batch)
+            real_tokens = real_tokens + batch["num_real_tokens"]
+            if not last_micro:
+                computed += time.perf_counter() - started
+                continue
+            self.engine.step()
+            computed += time.perf_counter() - started
+            self._optimizer_step_done(metrics, computed, real_tokens, waited)
+            waited, computed, real_tokens = 0.0, 0.0, 0
+            if state.step == self.total_steps:
+                break
+        if state.step < self.total_steps:
+            state.epoch += 1
+            state.batches_in_epoch = 0
+            self.epoch_rows = [np.zeros(0, dtype=np.int64)]
 
-    def evaluate_and_report(final: bool = False) -> None:
-        nonlocal truncated_since_report
+    def _count_batch(self, batch: dict) -> None:
+        """Record a trained micro-batch: its rows (for an exact resume) and truncations."""
+        self.state.batches_in_epoch += 1
+        self.epoch_rows.append(batch["row_ids"].cpu().numpy())
+        if self.row_log is not None:
+            self.row_log.write(self.state, self.epoch_rows[-1])
+        self.truncated_since_report += batch["num_truncated"]
+
+    def _optimizer_step_done(self, metrics, computed: float, real_tokens, waited: float) -> None:
+        """Count the step, log it, and evaluate/report when it is due."""
+        state, train = self.state, self.config.train
+        state.step += 1
+        sentences = self.world * train.batch_size * self.accumulation
+        state.sentences_seen += sentences
+        self.progress.record(
+            metrics, self.engine.lr, sentences, computed, real_tokens * self.world, waited
+        )
+        last = state.step == self.total_steps
+        report_every = train.report_steps or self.config.eval.eval_steps
+        if state.step % self.config.eval.eval_steps == 0 or last:
+            self.evaluate_and_report(final=last)
+        elif state.step % report_every == 0:
+            self.evaluate_and_report()
+
+    def evaluate_and_report(self, final: bool = False) -> None:
+        """Score STS-B dev (rank 0), report the metrics and a checkpoint (every rank)."""
+        state, rank = self.state, self.rank
         # The training window closes here and reopens after the checkpoint: evaluation and
         # checkpoint writing are not training throughput.
-        window = progress.window_means()
-        state.truncated += int(distributed.all_reduce_sum(truncated_since_report))
-        truncated_since_report = torch.zeros_like(truncated_since_report)
-        score = _dev_score(encoder, tokenizer, config) if rank == 0 else 0.0
+        window = self.progress.window_means()
+        state.truncated += int(distributed.all_reduce_sum(self.truncated_since_report))
+        self.truncated_since_report = torch.zeros_like(self.truncated_since_report)
+        score = _dev_score(self.encoder, self.tokenizer, self.config) if rank == 0 else 0.0
         score = distributed.broadcast_object(score)
         metrics = {
             DEV_METRIC: score,
@@ -165,76 +260,46 @@ def train_loop_per_worker(loop_config: dict) -> None:
             "final": final,
         }
         state.history.append({k: v for k, v in metrics.items() if k != "final"})
-        progress.print_eval(state.step, score, metrics)
-        _report(engine, state, metrics, loop_config["training"], rank, epoch_rows)
-        progress.restart_clock()
+        self.progress.print_eval(state.step, score, metrics)
+        _report(self.engine, state, metrics, self.config_dict, rank, self.epoch_rows)
+        self.progress.restart_clock()
 
-    if state.step == 0 and not state.history:
-        evaluate_and_report()  # the starting point, so a run shows whether training helped
+    def finish(self) -> None:
+        """Refuse a run that trained nothing; make the last step's report the final one."""
+        state = self.state
+        if state.step == 0:
+            rows = self.config.train.batch_size * self.accumulation
+            raise ValueError(
+                f"the corpus gave no full step: rank {self.rank}'s shard has fewer than "
+                f"batch_size × gradient_accumulation_steps = {rows} rows "
+                f"(world size {self.world}); use a larger corpus or a smaller batch"
+            )
+        if state.history and state.history[-1].get("step") != state.step:
+            # The corpus ran out before total_steps (an uncounted stream): the last step is
+            # final.
+            if self.rank == 0:
+                log.warning(
+                    "the corpus ended after %d of %d planned steps", state.step, self.total_steps
+                )
+            self.evaluate_and_report(final=True)
+        self.progress.close()
 
-    report_every = config.train.report_steps or config.eval.eval_steps
-    while state.step < total_steps and state.epoch < config.train.epochs:
-        skip = np.concatenate(epoch_rows) if state.batches_in_epoch else None
-        pools = epoch_batches(
-            shard,
-            config.train.batch_size * group,
-            None if config.data.shuffle_seed is None else config.data.shuffle_buffer_rows,
-            seed=(config.data.shuffle_seed or 0) + 1000 * state.epoch + rank,
-            skip=skip,
-            # A last partial pool still gives its whole batches (length grouping).
-            last_at_least=config.train.batch_size if group > 1 else None,
-        )
-        # Per optimizer step (summed over its micro-batches): seconds waiting for batches,
-        # seconds computing, real tokens. Plain numbers and tensors: no host/device sync.
-        waited, computed, real_tokens = 0.0, 0.0, 0
-        for batch, wait in _timed(_collated(pools, collate, device)):
-            # Every rank must take the same steps (gathers wait for all): the epoch ends for
-            # all as soon as one rank's shard runs out.
-            if not distributed.all_ranks(batch is not None):
-                break
-            waited += wait
-            started = time.perf_counter()
-            micro = state.batches_in_epoch % accumulation
-            metrics = step_fn(engine, batch, weights, sync=micro == accumulation - 1)
-            state.batches_in_epoch += 1
-            epoch_rows.append(batch["row_ids"].cpu().numpy())
-            if row_log is not None:
-                row_log.write(state, epoch_rows[-1])
-            truncated_since_report += batch["num_truncated"]
-            real_tokens = real_tokens + batch["num_real_tokens"]
-            if micro != accumulation - 1:
-                computed += time.perf_counter() - started
-                continue
-            engine.step()
-            computed += time.perf_counter() - started
-            state.step += 1
-            sentences = world * config.train.batch_size * accumulation
-            state.sentences_seen += sentences
-            progress.record(metrics, engine.lr, sentences, computed, real_tokens * world, waited)
-            waited, computed, real_tokens = 0.0, 0.0, 0
-            last = state.step == total_steps
-            if state.step % config.eval.eval_steps == 0 or last:
-                evaluate_and_report(final=last)
-            elif state.step % report_every == 0:
-                evaluate_and_report()
-            if last:
-                break
-        if state.step < total_steps:
-            state.epoch += 1
-            state.batches_in_epoch = 0
-            epoch_rows = [np.zeros(0, dtype=np.int64)]
-    if state.step == 0:
-        raise ValueError(
-            f"the corpus gave no full step: rank {rank}'s shard has fewer than "
-            f"batch_size × gradient_accumulation_steps = {config.train.batch_size * accumulation}"
-            f" rows (world size {world}); use a larger corpus or a smaller batch"
-        )
-    if state.history and state.history[-1].get("step") != state.step:
-        # The corpus ran out before total_steps (an uncounted stream): the last step is final.
-        if rank == 0:
-            log.warning("the corpus ended after %d of %d planned steps", state.step, total_steps)
-        evaluate_and_report(final=True)
-    progress.close()
+
+def _collator(config: TrainingConfig, tokenizer, rank: int, group: int):
+    collate = ContrastiveCollator(
+        tokenizer,
+        config.model.max_seq_length,
+        kind=config.data.kind,
+        text_column=config.data.text_column,
+        anchor_column=config.data.anchor_column,
+        positive_column=config.data.positive_column,
+        group_column=config.data.group_column,
+        mlm_probability=config.loss.mlm_probability if config.loss.mlm_weight > 0 else None,
+        seed=config.train.seed + rank,
+    )
+    if group > 1:
+        collate = LengthGroupedCollator(collate, config.train.batch_size, config.train.seed + rank)
+    return collate
 
 
 def worker_threads(config: TrainingConfig) -> int:
@@ -313,8 +378,6 @@ def _dev_score(encoder: TrainableEncoder, tokenizer, config: TrainingConfig) -> 
 def _report(
     engine, state: LoopState, metrics: dict, config_dict: dict, rank: int, epoch_rows: list
 ) -> None:
-    import ray.train
-
     with tempfile.TemporaryDirectory() as directory:
         if rank == 0 or engine.saves_on_every_rank:
             engine.save(directory)

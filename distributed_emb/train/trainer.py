@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
 from distributed_emb.train.progress import resolve_progress_bar
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
-from distributed_emb.train.watchdog import StallWatchdog
+from distributed_emb.train.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)
 
@@ -245,23 +244,14 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
 
 
 def _fit_watched(trainer, config: TrainingConfig):
-    """trainer.fit() under the stall watchdog (train/watchdog.py). Only from the main thread:
-    the watchdog stops a stalled run through Ray Train's Ctrl-C path, which exists there only
-    (a Tune trial's fit runs in a thread; the search has its own plan check)."""
-    if threading.current_thread() is not threading.main_thread():
-        return trainer.fit()
+    """trainer.fit() under the stall watchdog (train/watchdog.py); a Tune trial's fit runs in
+    a thread, unwatched (the search has its own plan check and watchdog)."""
     hint = (
         "fix: see the resource plan above (train.num_workers, train.cpus_per_worker, "
         "train.data_cpus) and docs/OPERATIONS.md, 'Sizing a cluster'"
     )
-    with StallWatchdog(config.train.stall_timeout_s, hint=hint) as watchdog:
-        try:
-            result = trainer.fit()
-        except (KeyboardInterrupt, SystemExit, Exception):
-            watchdog.check()  # a stall: its message, not the abort's traceback
-            raise
-    watchdog.check()
-    return result
+    with no_silent_stall(config.train.stall_timeout_s, hint=hint):
+        return trainer.fit()
 
 
 def _best_checkpoint(result, start_is_candidate: bool):

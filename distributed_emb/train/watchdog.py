@@ -22,12 +22,16 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 # After the abort, how long the driver gets to unwind before the process exits on its own.
 ABORT_GRACE_S = 60.0
+# What a stage with no config of its own waits (= train.stall_timeout_s's default).
+DEFAULT_STALL_TIMEOUT_S = 600.0
 
 
 class StallError(RuntimeError):
@@ -179,6 +183,27 @@ class StallWatchdog:
             log.error("the run did not stop %g s after the stall; exiting", ABORT_GRACE_S)
             logging.shutdown()
             os._exit(3)
+
+
+@contextmanager
+def no_silent_stall(timeout_s: float | None, hint: str = "") -> Iterator[None]:
+    """`with no_silent_stall(timeout_s, hint):` around any Ray work the driver waits on
+    (trainer.fit(), an actor pool's output): waiting `timeout_s` for resources that never
+    free raises StallError naming them, instead of an endless wait.
+
+    Only on the main thread: the abort is a KeyboardInterrupt there (Ray Train's and Ray
+    Data's own Ctrl-C path). Elsewhere (a Tune trial's fit runs in a thread) the block runs
+    unwatched. `timeout_s` None: unwatched."""
+    if timeout_s is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with StallWatchdog(timeout_s, hint=hint) as watchdog:
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit, Exception):
+            watchdog.check()  # a stall: its message, not the abort's traceback
+            raise
+    watchdog.check()
 
 
 def _free_now() -> str:

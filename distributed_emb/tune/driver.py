@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from distributed_emb.resource_plan import (
 )
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
 from distributed_emb.train.trainer import build_trainer, worker_resources
-from distributed_emb.train.watchdog import StallWatchdog
+from distributed_emb.train.watchdog import no_silent_stall
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_space import Distribution, apply_params, param_space
 from distributed_emb.tune.settings import SearchJobConfig, asha_budget
@@ -306,20 +305,12 @@ def fit_watched(tuner, stall_timeout_s: float | None) -> None:
     more trials than fit side by side, so a placement group, task or actor pending past
     train.stall_timeout_s is a stall, not a queued trial. The watchdog's interrupt is a
     SIGINT, which Tune answers by saving the search and returning."""
-    if threading.current_thread() is not threading.main_thread():
-        tuner.fit()
-        return
     hint = (
         "fix: see the resource plan above (train.num_workers, train.cpus_per_worker, "
         "train.data_cpus, tune.max_concurrent_trials) and docs/OPERATIONS.md, 'Sizing a cluster'"
     )
-    with StallWatchdog(stall_timeout_s, hint=hint) as watchdog:
-        try:
-            tuner.fit()
-        except (KeyboardInterrupt, SystemExit, Exception):
-            watchdog.check()
-            raise
-    watchdog.check()
+    with no_silent_stall(stall_timeout_s, hint=hint):
+        tuner.fit()
 
 
 @dataclass

@@ -6,6 +6,7 @@ Tune's concurrent trials and InfoCSE's annotation actors."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -277,3 +278,58 @@ def test_watchdog_names_a_worker_group_that_can_never_be_placed(cluster):
     message = str(stalled.value)
     assert "placement group 'train-workers (4 bundles)' waiting for {CPU: 4}" in message
     assert "cluster now: CPU 2 of 2 free" in message
+
+
+@pytest.mark.ray
+def test_an_encoding_pool_that_can_never_fit_fails_before_any_actor_starts(cluster):
+    import ray
+
+    from distributed_emb.model.embedder import ray_encode
+
+    cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    # One whole-CPU actor on a 1-CPU cluster leaves Ray Data's read tasks no CPU: before, the
+    # encode waited forever. The model path is never opened: the plan fails first.
+    with pytest.raises(PlanError, match=r"encoding actors do not fit the cluster: 1 encoding"):
+        ray_encode(["a", "b"], "no-such-model", num_cpus_per_actor=1.0)
+
+
+@pytest.mark.ray
+def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypatch):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from distributed_emb.train import watchdog
+    from distributed_emb.train.watchdog import no_silent_stall
+
+    # A wait that missed the interrupt fails this test, never the whole pytest process.
+    monkeypatch.setattr(watchdog, "ABORT_GRACE_S", 3600.0)
+
+    cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    # What an actor pool asks of a cluster too small for it, waited on from the driver as
+    # ray_encode and annotation wait on their pools: the wait ends in StallError, not never.
+    group = placement_group([{"CPU": 1.0}] * 3, name="encoding-pool")
+    try:
+        with pytest.raises(StallError) as stalled:
+            with no_silent_stall(1.0, hint="fix: fewer actors"):
+                deadline = time.monotonic() + 300
+                # Short waits in a Python loop, as ray_encode and annotation consume their
+                # pools' output: the interrupt lands between two of them.
+                while time.monotonic() < deadline:
+                    ray.wait([group.ready()], timeout=0.5)
+    finally:
+        remove_placement_group(group)
+    message = str(stalled.value)
+    assert "placement group 'encoding-pool (3 bundles)' waiting for {CPU: 3}" in message
+    assert message.endswith("fix: fewer actors")
+
+
+def test_annotation_stall_timeout_is_validated():
+    from distributed_emb.infocse.annotate import AnnotationConfig
+
+    with pytest.raises(ValueError, match=r"annotation.stall_timeout_s: must be > 0 or null, got 0"):
+        AnnotationConfig(stall_timeout_s=0).validate()
+    AnnotationConfig(stall_timeout_s=None).validate()

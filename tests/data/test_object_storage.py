@@ -73,3 +73,41 @@ print(SentenceTransformer({str(tmp_path / "fetched")!r}, device="cpu").encode(["
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith(")")
+
+
+@pytest.mark.ray
+def test_shards_on_object_storage_are_committed_and_reused(s3, ray_local, tmp_path, tiny_bert_path):
+    """The cache on an s3:// root: built once, committed by one object, reused by the next run
+    with the same key (what a Tune search or a resumed run on a cluster does)."""
+    from distributed_emb.data.readers import ROW_ID
+    from distributed_emb.data.token_cache import COMMIT_FILE, token_shards
+
+    bucket = s3.create_bucket("distributed-emb-token-cache")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n".join(open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:80])
+    )
+    config = load_config(
+        TrainingConfig,
+        None,
+        [
+            f"model.path={tiny_bert_path}",
+            f"data.path={corpus}",
+            "data.token_cache=on",
+            f"data.token_cache_dir={bucket}/cache",
+        ],
+    )
+
+    shards = token_shards(config)
+    assert shards.built and shards.rows == 80 and shards.directory.startswith(f"{bucket}/cache/")
+    keys = s3.keys("distributed-emb-token-cache", "cache/")
+    (commit,) = [key for key in keys if key.endswith(f"/{COMMIT_FILE}")]
+    data_keys = [key for key in keys if "/data-" in key and key.endswith(".parquet")]
+    assert data_keys and all(key.startswith(commit.rsplit("/", 1)[0]) for key in data_keys)
+
+    again = token_shards(config)
+    assert not again.built and again.directory == shards.directory and again.rows == 80
+    assert s3.keys("distributed-emb-token-cache", "cache/") == keys  # nothing written again
+    assert sorted(r[ROW_ID] for r in again.dataset().take_all()) == sorted(
+        r[ROW_ID] for r in shards.dataset().take_all()
+    )

@@ -97,7 +97,7 @@ def test_bad_pair_settings_are_named():
         load_similar_pairs(PairsConfig(source="file"))
     with pytest.raises(ValueError, match="lower pairs.min_score"):
         load_similar_pairs(PairsConfig(source="sts", min_score=6.0))
-    with pytest.raises(ValueError, match="pairs.idc_top_k must be ≥ 1"):
+    with pytest.raises(ValueError, match=r"pairs.idc_top_k: must be >= 1, got 0"):
         PairsConfig(idc_top_k=0).validate()
     assert load_similar_pairs(PairsConfig()) is None  # idc: built from the vectors later
     assert load_similar_pairs(PairsConfig(source="none")) is None
