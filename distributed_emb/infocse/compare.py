@@ -31,7 +31,19 @@ import time
 from pathlib import Path
 
 from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.cli import offline_defaults, setup_logging, start_ray
+from distributed_emb.config import ConfigError, load_config
+from distributed_emb.data.documents import read_documents
+from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.rounds import (
+    _initial_model,
+    _split_held_out,
+    _teacher,
+    evaluate_dev,
+    run_rounds,
+)
 from distributed_emb.tables import markdown_table
+from distributed_emb.train.trainer import run_training
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +86,6 @@ def _sentences_file(dataset, path: Path) -> int:
 
 
 def _sentence_arm(config, student: str, sentences: Path, output: Path, weight: float) -> dict:
-    from distributed_emb.train.trainer import run_training
 
     training = copy.deepcopy(config.training)
     training.model.path = student
@@ -90,7 +101,6 @@ def _sentence_arm(config, student: str, sentences: Path, output: Path, weight: f
 
 
 def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
-    from distributed_emb.infocse.rounds import run_rounds
 
     arm = copy.deepcopy(config)
     arm.rounds.stsb_test = False  # scored once, by run_comparison
@@ -107,13 +117,6 @@ def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
 
 
 def run_comparison(config, output: Path, arms: list[str], informin_lambda: float) -> list[dict]:
-    from distributed_emb.data.documents import read_documents
-    from distributed_emb.infocse.rounds import (
-        _initial_model,
-        _split_held_out,
-        _teacher,
-        evaluate_dev,
-    )
 
     output.mkdir(parents=True, exist_ok=True)
     documents, heldout = _split_held_out(read_documents(config.documents).dataset, config)
@@ -160,10 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         parser.exit(2, f"unknown arms {unknown}; choose from {list(ARMS)}\n")
-
-    from distributed_emb.cli import offline_defaults, setup_logging, start_ray
-    from distributed_emb.config import ConfigError, load_config
-    from distributed_emb.infocse.config import InfoCSEConfig
 
     offline_defaults()
     config_path = args.config or str(

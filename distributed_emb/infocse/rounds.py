@@ -34,17 +34,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
+from distributed_emb.data.documents import read_documents
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
     evaluate_same_document,
     held_out_doc_ids,
 )
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
+from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.evaluation.sts import read_stsb, stsb_score
+from distributed_emb.infocse.annotate import annotate_documents
 from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.pairs import arrange_pairs, pair_overlap, read_pairs
+from distributed_emb.infocse.student import build_layer_student
 from distributed_emb.model.embedder import Embedder
-from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
+from distributed_emb.model.sentence_transformer import (
+    is_sentence_transformer_dir,
+    load_sentence_transformer,
+)
+from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.tracking import MetricsSinks, Panel, write_panels
+from distributed_emb.train.trainer import run_training
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +126,6 @@ def _with_fixed_length(annotation, initial_model: str):
     """The annotation config with max_seq_length resolved once, from the initial model when
     unset: a round's export carries the *training* max length (e.g. 32), so "the model's own"
     would otherwise silently shorten what later rounds cluster on."""
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     if annotation.max_seq_length is not None:
         return annotation
@@ -137,7 +146,6 @@ def _train(
     shuffle: bool = False,
 ):
     """One core-trainer run on a pairs Parquet file, starting from `model_dir`."""
-    from distributed_emb.train.trainer import run_training
 
     training = copy.deepcopy(config.training)
     training.model.path = model_dir
@@ -174,7 +182,6 @@ def _arranged_pairs_file(
     pairs_dir: str, batch_size: int, seed: int, path: Path
 ) -> tuple[list, int]:
     """Order the mined pairs so each batch spreads over documents; write one Parquet file."""
-    from distributed_emb.infocse.pairs import arrange_pairs, read_pairs
 
     pairs = read_pairs(pairs_dir)
     ordered, arrangement = arrange_pairs(pairs, batch_size, seed)
@@ -190,8 +197,6 @@ def _arranged_pairs_file(
 
 def supervised_pairs_file(config: InfoCSEConfig, path: Path) -> int:
     """InfoCSE++ labelled positives: train pairs with gold score ≥ threshold, each its own group."""
-    from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
-    from distributed_emb.paths import shipped_senteval_dir
 
     senteval = config.training.eval.senteval_dir or shipped_senteval_dir()
     s = config.supervised
@@ -226,9 +231,6 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
 
 
 def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> list[RoundRecord]:
-    from distributed_emb.data.documents import read_documents
-    from distributed_emb.infocse.annotate import annotate_documents
-    from distributed_emb.infocse.pairs import pair_overlap
 
     corpus = read_documents(config.documents)
     documents, heldout = _split_held_out(corpus.dataset, config)
@@ -382,7 +384,6 @@ def _initial_model(config: InfoCSEConfig, output: Path) -> str:
     source = config.training.model_path
     if config.student.num_layers is None:
         return source
-    from distributed_emb.infocse.student import build_layer_student
 
     target = output / "student"
     if target.exists():
@@ -442,8 +443,6 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None
     # (it used to be deleted first, leaving nothing, or half a copy).
     with staged_directory(target) as staged:
         if best.stage == "initial" and not is_sentence_transformer_dir(best.model_dir):
-            from distributed_emb.model.sentence_transformer import load_sentence_transformer
-
             load_sentence_transformer(
                 best.model_dir,
                 pooler=config.training.model.pooler,

@@ -26,7 +26,10 @@ from typing import Literal
 import numpy as np
 
 from distributed_emb.config import require_range, require_seed
+from distributed_emb.data.corpus import read_rows
 from distributed_emb.data.documents import DocumentsConfig, read_documents_locally
+from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
+from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.mcr2.assignments import cluster_ids_from_column
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
 
@@ -175,10 +178,6 @@ def _sample_pairs(anchors, positives, config: PairsConfig, origin: str) -> Simil
 
 def load_sts_pairs(config: PairsConfig) -> SimilarPairs:
     """Train-split pairs of the chosen STS sets whose gold score is ≥ ``min_score``."""
-    from distributed_emb.evaluation.senteval_data import (
-        read_sick_relatedness,
-        read_sts_benchmark,
-    )
 
     senteval_dir = config.senteval_dir or shipped_senteval_dir()
     readers = {"STSB": read_sts_benchmark, "SICK": read_sick_relatedness}
@@ -201,7 +200,6 @@ def load_sts_pairs(config: PairsConfig) -> SimilarPairs:
 
 
 def load_pairs_file(config: PairsConfig) -> SimilarPairs:
-    from distributed_emb.data.corpus import read_rows
 
     columns = [config.anchor_column, config.positive_column]
     rows, report = read_rows(config.path, columns=columns)
@@ -232,7 +230,6 @@ def idc_pairs(
     texts: n sentences; vectors: (n, D) their frozen-encoder vectors; cluster_ids: (n,) the
     document of each. Documents are seeded by their cluster id, so the pairs do not depend on
     the order of the documents."""
-    from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 
     idc = IDCConfig(
         top_k=config.idc_top_k,

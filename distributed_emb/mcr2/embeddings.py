@@ -29,6 +29,10 @@ from typing import Literal
 
 import numpy as np
 
+from distributed_emb.model.embedder import make_encoder
+from distributed_emb.model.sentence_transformer import load_sentence_transformer
+from distributed_emb.paths import default_model_path
+
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 1
@@ -50,7 +54,6 @@ class EncoderConfig:
     def model_path(self) -> str:
         if self.path is not None:
             return self.path
-        from distributed_emb.paths import default_model_path
 
         return default_model_path()
 
@@ -124,7 +127,6 @@ class EmbeddingCache:
 
 
 def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[str]], np.ndarray]:
-    from distributed_emb.model.embedder import make_encoder
 
     if config.use_ray:
         return make_encoder(
@@ -243,8 +245,6 @@ class CachedEncoder:
             self.stats["disk_hits"] += 1
             return stored[: len(texts)], stored[len(texts) :]
         import torch
-
-        from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
         model = load_sentence_transformer(
             self.model_path, pooler=self.config.pooler, max_seq_length=self.config.max_seq_length

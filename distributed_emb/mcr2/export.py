@@ -13,7 +13,11 @@ import os
 from pathlib import Path
 
 from distributed_emb.mcr2.head import CompressionHead
-from distributed_emb.model.sentence_transformer import _st_modules, dense_module
+from distributed_emb.model.sentence_transformer import (
+    _st_modules,
+    dense_module,
+    load_sentence_transformer,
+)
 
 
 def compressed_sentence_transformer(
@@ -24,8 +28,6 @@ def compressed_sentence_transformer(
 ):
     """A SentenceTransformer: the encoder as loaded for training, then the head's layers."""
     from sentence_transformers import SentenceTransformer
-
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     encoder = load_sentence_transformer(
         encoder_path, pooler=pooler, max_seq_length=max_seq_length, device="cpu"

@@ -23,6 +23,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
 log = logging.getLogger(__name__)
 
 
@@ -58,8 +60,6 @@ def train_matryoshka(
     """Fine-tune the encoder with MatryoshkaLoss(MNRL) over `dims` and its full size; save it
     to `output_dir`. anchors[i] and positives[i] are a similar pair."""
     from sentence_transformers import losses
-
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     if len(anchors) != len(positives) or len(anchors) < 2:
         raise ValueError(f"need ≥ 2 pairs of equal length, got {len(anchors)}/{len(positives)}")

@@ -21,10 +21,13 @@ from distributed_emb.data.tokenize import tokenize_stage
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.embedder import Embedder
-from distributed_emb.model.model_card import finalize_export
+from distributed_emb.model.export import export_sentence_transformer
+from distributed_emb.model.model_card import card_info, export_max_seq_length, finalize_export
+from distributed_emb.model.sentence_transformer import ends_with_normalize
 from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.tracking import write_run_plots
+from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
 from distributed_emb.train.progress import resolve_progress_bar
@@ -118,11 +121,6 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     model_card.finalize_export adds the run's final metrics)."""
     import transformers
     from transformers import AutoTokenizer
-
-    from distributed_emb.model.export import export_sentence_transformer
-    from distributed_emb.model.model_card import card_info, export_max_seq_length
-    from distributed_emb.model.sentence_transformer import ends_with_normalize
-    from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 
     transformers.logging.set_verbosity_error()
     encoder = build_encoder(config)
@@ -270,7 +268,6 @@ def _best_checkpoint(result, start_is_candidate: bool):
 def _history(last_checkpoint) -> list[dict]:
     """Every evaluation of the run, from the loop state in the last checkpoint (Ray keeps
     only the best few checkpoints' metrics)."""
-    from distributed_emb.train.checkpointing import STATE_FILE, LoopState
 
     if last_checkpoint is None:
         return []
