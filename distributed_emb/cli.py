@@ -22,6 +22,7 @@ import yaml
 from distributed_emb.config import ConfigError, TrainingConfig, load_config, to_dict
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.data.sources import CorpusError
+from distributed_emb.resource_plan import cluster_from_ray, training_plan
 from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
 from distributed_emb.train.run_identity import RunIdentityError, prepare_run
 
@@ -142,7 +143,6 @@ def parse_training_args(
 def print_plan(config: TrainingConfig) -> int:
     """`--plan`: the resource plan of `config` on the cluster it would run on; the exit status
     (0: fits, now or once the autoscaler adds nodes; 3: can never fit)."""
-    from distributed_emb.resource_plan import cluster_from_ray, training_plan
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, force=True)
     start_ray(config)

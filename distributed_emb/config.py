@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import yaml
 
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.paths import default_model_path
 
 T = TypeVar("T")
 
@@ -687,7 +688,6 @@ class TrainingConfig:
 
     @property
     def model_path(self) -> str:
-        from distributed_emb.paths import default_model_path
 
         return self.model.path or default_model_path()
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distributed_emb.config import to_dict
+
 log = logging.getLogger(__name__)
 
 # cli.setup_logging's format; rank 0's run.log lines use it too, so the file reads as one.
@@ -197,7 +199,6 @@ class MetricsSinks:
     def open(cls, config, output_dir: str | os.PathLike) -> MetricsSinks:
         """The sinks a training config's `logging` section asks for, in `output_dir` (rank 0
         only)."""
-        from distributed_emb.config import to_dict
 
         return cls.start(config.logging, output_dir, to_dict(config), config.output.run_name)
 

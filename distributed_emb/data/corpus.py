@@ -35,6 +35,7 @@ from distributed_emb.data.readers import (
     iter_parsed_blocks,
 )
 from distributed_emb.data.sources import CorpusError, is_hub_name, is_remote, resolve_sources
+from distributed_emb.paths import shipped_corpus
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ def text_rules(data_config) -> TextRows:
 
 
 def corpus_path(data_config) -> str | list[str]:
-    from distributed_emb.paths import shipped_corpus
 
     return data_config.path or shipped_corpus("wiki_sentences.txt")
 

@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
 
+from distributed_emb.data.corpus import corpus_columns
+
 IDS_SUFFIX = "__ids"
 TRUNCATED_SUFFIX = "__truncated"
 CHECK_ROWS = 64  # rows of a process's first block tokenised both ways (see TextEncoder)
@@ -145,7 +147,6 @@ def tokenize_stage(config) -> dict | None:
 
 def tokenize_arguments(config) -> dict:
     """map_batches arguments that tokenise a config's corpus columns ({"fn": ..., ...})."""
-    from distributed_emb.data.corpus import corpus_columns
 
     return {
         "fn": tokenize_columns,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from distributed_emb.model.sentence_transformer import load_sentence_transformer
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +44,6 @@ def build_layer_student(
     `pooler` is None, else an HF encoder with `pooler` on top), so the student pools and
     normalises exactly as its source does.
     """
-    from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     model = load_sentence_transformer(
         source, pooler=pooler, max_seq_length=max_seq_length, device="cpu"
