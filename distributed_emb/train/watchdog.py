@@ -140,15 +140,13 @@ class StallWatchdog:
             raise self.error
 
     def _run(self) -> None:
-        warned_probe = False
         while not self._stop.wait(self.poll_s):
             try:
                 waiting, problem = self._probe()
             except Exception as error:  # never let the watchdog itself kill a healthy run
                 waiting, problem = [], f"{type(error).__name__}: {error}"
-            if problem and not warned_probe:
-                log.warning("stall watchdog: %s; watching placement groups only", problem)
-                warned_probe = True
+            if problem:
+                _warn_once(f"stall watchdog: {problem}; watching placement groups only")
             now = time.monotonic()
             keys = {(w.kind, w.key) for w in waiting}
             # A clock per waiting thing: what was scheduled meanwhile restarts nothing.
@@ -183,6 +181,20 @@ class StallWatchdog:
             log.error("the run did not stop %g s after the stall; exiting", ABORT_GRACE_S)
             logging.shutdown()
             os._exit(3)
+
+
+# The probe's problems already reported by this process: a local Ray without the dashboard
+# gives every watchdog the same answer, and an evaluation starts one watchdog per task.
+_PROBLEMS_SHOWN: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    kind = message.split("(", 1)[0]  # the same problem with another error detail is not news
+    if kind in _PROBLEMS_SHOWN:
+        log.debug("%s", message)
+        return
+    _PROBLEMS_SHOWN.add(kind)
+    log.warning("%s", message)
 
 
 @contextmanager

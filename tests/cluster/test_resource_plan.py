@@ -197,6 +197,27 @@ def test_watchdog_leaves_a_run_whose_waits_come_and_go_alone():
     watchdog.check()
 
 
+def test_a_probe_problem_is_reported_once_per_process_not_once_per_watchdog(caplog, monkeypatch):
+    # Evaluation starts one watchdog per task; a local Ray without the dashboard answers each
+    # the same way. One line says so, not one per task.
+    from distributed_emb.train import watchdog
+
+    monkeypatch.setattr(watchdog, "_PROBLEMS_SHOWN", set())  # as in a fresh process
+    problem = "Ray's state API did not answer (ServerUnavailable: no dashboard)"
+    for _ in range(3):
+        polled = threading.Event()
+
+        def probe(polled=polled):
+            polled.set()
+            return [], problem
+
+        with caplog.at_level("WARNING", logger="distributed_emb.train.watchdog"):
+            with StallWatchdog(60.0, poll_s=0.01, probe=probe, interrupt=pytest.fail):
+                assert polled.wait(30)
+    shown = [r for r in caplog.records if "state API did not answer" in r.getMessage()]
+    assert len(shown) == 1 and "watching placement groups only" in shown[0].getMessage()
+
+
 # ---------------------------------------------------------------------------------------------
 # On real Ray clusters (ray.cluster_utils.Cluster: loopback, its own ports)
 # ---------------------------------------------------------------------------------------------
