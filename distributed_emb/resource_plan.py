@@ -28,7 +28,13 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from distributed_emb.tracking import RepeatFilter
+
 log = logging.getLogger(__name__)
+# An evaluation starts an encoding pool per task, each with the same plan: its table is shown
+# once, then counted.
+pool_log = logging.getLogger(f"{__name__}.pools")
+pool_log.addFilter(RepeatFilter())
 
 # A worker's CPU reservation is never lowered below this: under it the plan fails instead and
 # names the fix (fewer workers, or more CPUs).
@@ -322,16 +328,10 @@ def pool_plan(
     return plan
 
 
-_POOL_TABLES_SHOWN: set[str] = set()
-
-
 def check_pool_plan(pool: Extra, fix: str = "") -> ResourcePlan:
     """pool_plan on the connected cluster: log its table, raise PlanError if it can never fit."""
     plan = pool_plan(cluster_from_ray(), pool, fix=fix)
-    table = plan.table()
-    if table not in _POOL_TABLES_SHOWN:  # an evaluation starts a pool per task: show it once
-        _POOL_TABLES_SHOWN.add(table)
-        log.info("%s", table)
+    pool_log.info("%s", plan.table())
     if plan.problem:
         raise PlanError(f"the {pool.label} do not fit the cluster: {plan.problem}")
     return plan

@@ -26,7 +26,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from distributed_emb.tracking import RepeatFilter
+
 log = logging.getLogger(__name__)
+# What the probe cannot ask is the same for every watchdog of a process (a local Ray without
+# the dashboard), and an evaluation starts one watchdog per task: said once, then counted.
+PROBE_REPEATS = RepeatFilter()
+probe_log = logging.getLogger(f"{__name__}.probe")
+probe_log.addFilter(PROBE_REPEATS)
 
 # After the abort, how long the driver gets to unwind before the process exits on its own.
 ABORT_GRACE_S = 60.0
@@ -140,13 +147,15 @@ class StallWatchdog:
             raise self.error
 
     def _run(self) -> None:
+        warned_probe = False
         while not self._stop.wait(self.poll_s):
             try:
                 waiting, problem = self._probe()
             except Exception as error:  # never let the watchdog itself kill a healthy run
                 waiting, problem = [], f"{type(error).__name__}: {error}"
-            if problem:
-                _warn_once(f"stall watchdog: {problem}; watching placement groups only")
+            if problem and not warned_probe:
+                probe_log.warning("stall watchdog: %s; watching placement groups only", problem)
+                warned_probe = True
             now = time.monotonic()
             keys = {(w.kind, w.key) for w in waiting}
             # A clock per waiting thing: what was scheduled meanwhile restarts nothing.
@@ -181,20 +190,6 @@ class StallWatchdog:
             log.error("the run did not stop %g s after the stall; exiting", ABORT_GRACE_S)
             logging.shutdown()
             os._exit(3)
-
-
-# The probe's problems already reported by this process: a local Ray without the dashboard
-# gives every watchdog the same answer, and an evaluation starts one watchdog per task.
-_PROBLEMS_SHOWN: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    kind = message.split("(", 1)[0]  # the same problem with another error detail is not news
-    if kind in _PROBLEMS_SHOWN:
-        log.debug("%s", message)
-        return
-    _PROBLEMS_SHOWN.add(kind)
-    log.warning("%s", message)
 
 
 @contextmanager

@@ -202,7 +202,7 @@ def test_a_probe_problem_is_reported_once_per_process_not_once_per_watchdog(capl
     # the same way. One line says so, not one per task.
     from distributed_emb.train import watchdog
 
-    monkeypatch.setattr(watchdog, "_PROBLEMS_SHOWN", set())  # as in a fresh process
+    monkeypatch.setattr(watchdog.PROBE_REPEATS, "counts", {})  # as in a fresh process
     problem = "Ray's state API did not answer (ServerUnavailable: no dashboard)"
     for _ in range(3):
         polled = threading.Event()
