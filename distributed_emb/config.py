@@ -688,7 +688,6 @@ class TrainingConfig:
 
     @property
     def model_path(self) -> str:
-
         return self.model.path or default_model_path()
 
 

@@ -56,7 +56,6 @@ def text_rules(data_config) -> TextRows:
 
 
 def corpus_path(data_config) -> str | list[str]:
-
     return data_config.path or shipped_corpus("wiki_sentences.txt")
 
 

@@ -168,7 +168,6 @@ class DocumentAnnotator:
     """
 
     def __init__(self, model_path: str, config: AnnotationConfig) -> None:
-
         self.config = config
         self.embedder = Embedder(
             model_path,

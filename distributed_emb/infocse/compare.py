@@ -86,7 +86,6 @@ def _sentences_file(dataset, path: Path) -> int:
 
 
 def _sentence_arm(config, student: str, sentences: Path, output: Path, weight: float) -> dict:
-
     training = copy.deepcopy(config.training)
     training.model.path = student
     training.data.path = str(sentences)
@@ -101,7 +100,6 @@ def _sentence_arm(config, student: str, sentences: Path, output: Path, weight: f
 
 
 def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
-
     arm = copy.deepcopy(config)
     arm.rounds.stsb_test = False  # scored once, by run_comparison
     arm.annotation.model = teacher
@@ -117,7 +115,6 @@ def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
 
 
 def run_comparison(config, output: Path, arms: list[str], informin_lambda: float) -> list[dict]:
-
     output.mkdir(parents=True, exist_ok=True)
     documents, heldout = _split_held_out(read_documents(config.documents).dataset, config)
     if heldout is None:

@@ -231,7 +231,6 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
 
 
 def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> list[RoundRecord]:
-
     corpus = read_documents(config.documents)
     documents, heldout = _split_held_out(corpus.dataset, config)
     initial = _initial_model(config, output)

@@ -200,7 +200,6 @@ def load_sts_pairs(config: PairsConfig) -> SimilarPairs:
 
 
 def load_pairs_file(config: PairsConfig) -> SimilarPairs:
-
     columns = [config.anchor_column, config.positive_column]
     rows, report = read_rows(config.path, columns=columns)
     origin = f"{config.path} ({report.summary()})"

@@ -127,7 +127,6 @@ class EmbeddingCache:
 
 
 def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[str]], np.ndarray]:
-
     if config.use_ray:
         return make_encoder(
             model_path,
