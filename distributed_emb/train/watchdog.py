@@ -20,11 +20,15 @@ from __future__ import annotations
 import _thread
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+import ray
+from ray.util.state import list_actors, list_tasks
 
 from distributed_emb.tracking import RepeatFilter
 
@@ -61,8 +65,6 @@ def _fmt_resources(resources: dict) -> str:
 
 def pending_work(job_id: str | None, address: str | None) -> tuple[list[Waiting], str | None]:
     """What waits for resources now; the second value says what could not be asked."""
-    import ray
-
     found: list[Waiting] = []
     problems = []
     for pg_id, info in (ray.util.placement_group_table() or {}).items():
@@ -81,8 +83,6 @@ def pending_work(job_id: str | None, address: str | None) -> tuple[list[Waiting]
                 )
             )
     try:
-        from ray.util.state import list_actors, list_tasks
-
         filters = [("state", "=", "PENDING_NODE_ASSIGNMENT")]
         if job_id:
             filters.append(("job_id", "=", job_id))
@@ -127,8 +127,6 @@ class StallWatchdog:
         if self.timeout_s is None:
             return self
         if self._probe is None:
-            import ray
-
             context = ray.get_runtime_context()
             job_id = context.get_job_id()
             address = getattr(context, "gcs_address", None)
@@ -193,33 +191,44 @@ class StallWatchdog:
 
 
 @contextmanager
-def no_silent_stall(timeout_s: float | None, hint: str = "") -> Iterator[None]:
+def no_silent_stall(timeout_s: float | None, hint: str = "", probe=None) -> Iterator[None]:
     """`with no_silent_stall(timeout_s, hint):` around any Ray work the driver waits on
     (trainer.fit(), an actor pool's output): waiting `timeout_s` for resources that never
     free raises StallError naming them, instead of an endless wait.
 
     Only on the main thread: the abort is a KeyboardInterrupt there (Ray Train's and Ray
     Data's own Ctrl-C path). Elsewhere (a Tune trial's fit runs in a thread) the block runs
-    unwatched. `timeout_s` None: unwatched."""
+    unwatched. `timeout_s` None: unwatched. `probe` (tests) replaces `pending_work`.
+
+    The block starts with Python's own SIGINT handler and gives the previous one back at the
+    end. Why: Ray Train and Ray Tune install SIGINT handlers and leave them installed after
+    fit() returns; the one left by an earlier fit in the same process (an InfoCSE round,
+    a training job's fit before its evaluation) swallows the interrupt (Tune's only sets a
+    flag of a finished search), and the stalled wait would go on. A fit inside the block
+    installs its own handler over this one, which is the Ctrl-C path the abort means."""
     if timeout_s is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    with StallWatchdog(timeout_s, hint=hint) as watchdog:
-        try:
-            yield
-        except (KeyboardInterrupt, SystemExit, Exception):
-            watchdog.check()  # a stall: its message, not the abort's traceback
-            raise
-    watchdog.check()
+    previous_handler = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StallWatchdog(timeout_s, hint=hint, probe=probe) as watchdog:
+            try:
+                yield
+            except (KeyboardInterrupt, SystemExit, Exception):
+                watchdog.check()  # a stall: its message, not the abort's traceback
+                raise
+        watchdog.check()
+    finally:
+        if previous_handler is not None:  # None: installed outside Python; nothing to restore
+            signal.signal(signal.SIGINT, previous_handler)
 
 
 def _free_now() -> str:
     try:
-        import ray
-
         total = ray.cluster_resources()
         free = ray.available_resources()
-    except Exception:  # a test probe without Ray
+    except Exception:  # a test probe without Ray up
         return ""
     shown = [
         f"{key} {free.get(key, 0):g} of {total[key]:g} free"

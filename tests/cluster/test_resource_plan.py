@@ -5,6 +5,7 @@ Tune's concurrent trials and InfoCSE's annotation actors."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -218,6 +219,34 @@ def test_a_probe_problem_is_reported_once_per_process_not_once_per_watchdog(capl
     assert len(shown) == 1 and "watching placement groups only" in shown[0].getMessage()
 
 
+def test_a_stall_aborts_the_wait_even_after_an_earlier_fit_left_its_sigint_handler():
+    # Ray Tune and Ray Train install SIGINT handlers and leave them after fit(); Tune's only
+    # sets a flag. Before no_silent_stall started its block with Python's own handler, such a
+    # leftover swallowed the abort, and the stalled wait ran on to its own end.
+    from distributed_emb.train.watchdog import no_silent_stall
+
+    swallowed = []
+
+    def leftover_handler(signum, frame):
+        swallowed.append(signum)
+
+    before = signal.signal(signal.SIGINT, leftover_handler)
+    stuck = Waiting("placement group", "pg1", "encoding-pool (3 bundles)", {"CPU": 3.0})
+    wait_ran_to_its_end = False
+    try:
+        with pytest.raises(StallError, match="encoding-pool"):
+            with no_silent_stall(0.3, probe=lambda: ([stuck], None)):
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    time.sleep(0.05)
+                wait_ran_to_its_end = True
+        assert not wait_ran_to_its_end and swallowed == []
+        # The handler the block found is the one it leaves.
+        assert signal.getsignal(signal.SIGINT) is leftover_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 # ---------------------------------------------------------------------------------------------
 # On real Ray clusters (ray.cluster_utils.Cluster: loopback, its own ports)
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +362,7 @@ def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypa
     # What an actor pool asks of a cluster too small for it, waited on from the driver as
     # ray_encode and annotation wait on their pools: the wait ends in StallError, not never.
     group = placement_group([{"CPU": 1.0}] * 3, name="encoding-pool")
+    wait_ran_to_its_end = False
     try:
         with pytest.raises(StallError) as stalled:
             with no_silent_stall(1.0, hint="fix: fewer actors"):
@@ -341,8 +371,10 @@ def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypa
                 # pools' output: the interrupt lands between two of them.
                 while time.monotonic() < deadline:
                     ray.wait([group.ready()], timeout=0.5)
+                wait_ran_to_its_end = True
     finally:
         remove_placement_group(group)
+    assert not wait_ran_to_its_end, "the abort did not interrupt the wait"
     message = str(stalled.value)
     assert "placement group 'encoding-pool (3 bundles)' waiting for {CPU: 3}" in message
     assert message.endswith("fix: fewer actors")
