@@ -18,9 +18,11 @@ def run(bench: BenchContext) -> None:
         lambda docs: annotate_with_ray(bench.model, docs, 2, max(1, a.threads // 2)),
     ]
     # Each path twice, on 2 documents and on all: the difference removes the fixed cost
-    # (actor start-up, model loads) and leaves the marginal rate of a longer round.
-    runs = [(path(few), path(documents)) for path in paths]
-    bench.results["raw"]["annotation"] = [[vars(r) for r in pair] for pair in runs]
+    # (actor start-up, model loads) and leaves the marginal rate of a longer round. A --tiny
+    # smoke run has no rate to separate from start-up noise: one run per path, and the
+    # fixed-cost and marginal columns say "–".
+    runs = [(None if a.tiny else path(few), path(documents)) for path in paths]
+    bench.results["raw"]["annotation"] = [[vars(r) for r in pair if r] for pair in runs]
     table = bench.table(
         "annotation",
         f"5. InfoCSE annotation: {runs[0][1].documents} Lee documents, "
@@ -39,6 +41,8 @@ def run(bench: BenchContext) -> None:
 
     def marginal(pair) -> float | None:
         small, full = pair
+        if small is None:
+            return None
         extra = full.seconds - small.seconds
         # None when the noise of start-up swamps the extra work (tiny runs).
         return (full.sentences - small.sentences) / extra if extra > 0 else None
