@@ -1,4 +1,5 @@
-"""`ray job submit` of the training job against a real local head, as a user would on a cluster.
+"""`ray job submit` of the jobs against a real local head, as a user would on a cluster: the
+training job, an InfoCSE run and a Tune search, on a head with exactly the Train workers' CPUs.
 
 The head runs with token auth (as cluster/*.yaml configure every node), the job goes through
 the dashboard's job API with cluster/runtime_env.yaml and `--working-dir .`, and the test only
@@ -42,32 +43,16 @@ def _tiny_run_config(tmp_path: Path, model_path: str) -> Path:
     return path
 
 
-def _submit(head, config_path: Path, output: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            RAY_CLI,
-            "job",
-            "submit",
-            "--address",
-            head.dashboard_url,
-            "--runtime-env",
-            "cluster/runtime_env.yaml",
-            "--working-dir",
-            ".",
-            "--",
-            "python",
-            "jobs/train_informin.py",
-            "--config",
-            str(config_path),
-            "--output",
-            str(output),
-            *overrides,
-        ],  # fmt: skip
-        cwd=REPO,
-        env=head.client_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+def _submit(head, config_path: Path, output: Path, *overrides: str, **kwargs):
+    return _submit_job(
+        head,
+        "jobs/train_informin.py",
+        "--config",
+        str(config_path),
+        "--output",
+        str(output),
+        *overrides,
+        **kwargs,
     )
 
 
@@ -82,33 +67,7 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, 
     with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as head:
         never = _submit(head, config_path, tmp_path / "never", "train.num_workers=8")
         never_logs = never.stdout + never.stderr
-        submitted = subprocess.run(
-            [
-                RAY_CLI,
-                "job",
-                "submit",
-                "--address",
-                head.dashboard_url,
-                "--submission-id",
-                submission_id,
-                "--runtime-env",
-                "cluster/runtime_env.yaml",
-                "--working-dir",
-                ".",
-                "--",
-                "python",
-                "jobs/train_informin.py",
-                "--config",
-                str(config_path),
-                "--output",
-                str(output),
-            ],  # fmt: skip
-            cwd=REPO,
-            env=head.client_env(),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        submitted = _submit(head, config_path, output, submission_id=submission_id)
         logs = submitted.stdout + submitted.stderr
         status = requests.get(
             f"{head.dashboard_url}/api/jobs/{submission_id}",
@@ -133,3 +92,90 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, 
     assert np.isfinite(embeddings).all()
     metrics = json.loads((output / "metrics.json").read_text())
     assert metrics["steps"] == STEPS
+
+
+def test_submitted_infocse_and_tune_jobs_fit_a_head_with_exactly_the_workers_cpus(
+    tmp_path, tiny_bert_path
+):
+    # The same 2-CPU head (exactly num_workers × cpus_per_worker) for the two other jobs that
+    # need Ray Data beside their Train workers: an InfoCSE round (annotation actors, then
+    # training) and a 2-trial search. Each must plan a data share and finish, not wait.
+    documents = tmp_path / "docs.jsonl"
+    lee = Path(shipped_corpus("lee_documents.jsonl")).read_text().splitlines()[:12]
+    documents.write_text("\n".join(lee) + "\n")
+    corpus = tmp_path / "corpus.txt"
+    lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:200]
+    corpus.write_text("\n".join(lines) + "\n")
+    infocse_out, tune_out = tmp_path / "infocse", tmp_path / "tune"
+    with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as head:
+        infocse = _submit_job(
+            head,
+            "jobs/train_infocse.py",
+            "--config",
+            "jobs/configs/infocse_default.yaml",
+            f"documents.paths=[{documents}]",
+            "annotation.pooler=mean",
+            "annotation.max_seq_length=32",
+            f"training.model.path={tiny_bert_path}",
+            "training.train.batch_size=8",
+            "training.train.max_steps=2",
+            "training.eval.eval_steps=2",
+            "training.eval.max_pairs=32",
+            "rounds.max_rounds=1",
+            f"output_dir={infocse_out}",
+        )
+        search = _submit_job(
+            head,
+            "jobs/tune_informin.py",
+            "--config",
+            "jobs/configs/tune_tiny.yaml",
+            "--num-samples",
+            "2",
+            "--output",
+            str(tune_out),
+            f"model.path={tiny_bert_path}",
+            f"data.path={corpus}",
+        )
+    infocse_logs = infocse.stdout + infocse.stderr
+    assert infocse.returncode == 0, infocse_logs[-6000:]
+    assert "lowered to leave Ray Data its share" in infocse_logs, infocse_logs[-6000:]
+    rounds = json.loads((infocse_out / "rounds.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[1]["pairs"] > 0 and rounds[1]["train_steps"] == 2
+    assert (infocse_out / "model" / "modules.json").is_file()
+
+    search_logs = search.stdout + search.stderr
+    assert search.returncode == 0, search_logs[-6000:]
+    assert "lowered to leave Ray Data its share" in search_logs, search_logs[-6000:]
+    summary = json.loads((tune_out / "summary.json").read_text())
+    assert summary["trials"] == 2 and summary["errored"] == [] and not summary["interrupted"]
+    assert (tune_out / "best_model" / "modules.json").is_file()
+
+
+def _submit_job(
+    head, script: str, *args: str, submission_id: str | None = None
+) -> subprocess.CompletedProcess:
+    """`ray job submit` of a job script to `head`, as a user runs it on a cluster."""
+    return subprocess.run(
+        [
+            RAY_CLI,
+            "job",
+            "submit",
+            "--address",
+            head.dashboard_url,
+            *(["--submission-id", submission_id] if submission_id else []),
+            "--runtime-env",
+            "cluster/runtime_env.yaml",
+            "--working-dir",
+            ".",
+            "--",
+            "python",
+            script,
+            *args,
+        ],  # fmt: skip
+        cwd=REPO,
+        env=head.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
