@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import sys
 import textwrap
 import tokenize
@@ -35,6 +36,14 @@ def offline_defaults() -> None:
     """No hub access at run time unless the user opts in (HF_HUB_OFFLINE=0)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# At import, not in a job's main(): huggingface_hub and datasets read HF_HUB_OFFLINE once, when
+# first imported, and a job's own imports (transformers, through the trainer) import them before
+# main() runs; set later, the variable is there and the hub client still goes online. Every job
+# imports this module before any of those, and this module's imports never reach them
+# (tests/test_offline.py checks both).
+offline_defaults()
 
 
 def setup_logging(output_dir: str | None) -> None:
@@ -114,7 +123,6 @@ def parse_training_args(
     values = {"output.dir": args.output} if args.output is not None else None
     if args.resume is not None:
         values = {**(values or {}), "output.resume": args.resume}
-    offline_defaults()
     try:
         config = load_config(TrainingConfig, args.config, args.overrides, values=values)
     except ConfigError as error:
@@ -160,7 +168,7 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     group of a run whose controller was killed (a Tune trial stopped early) through it; workers
     otherwise guess the address, which fails when the machine runs other Ray instances.
     """
-    import ray
+    import ray  # startup
 
     # Before any dataset is built: the Data context travels with the dataset to its executor.
     quiet_ray_data()
@@ -230,7 +238,7 @@ def require_local_token_auth() -> None:
     that may change, so the mode is set explicitly and the token file created 0600.
     """
     if "RAY_AUTH_MODE" not in os.environ:
-        from ray._raylet import Config
+        from ray._raylet import Config  # private
 
         os.environ["RAY_AUTH_MODE"] = "token"
         # Ray caches its config (the auth mode included) when imported: without a refresh this
@@ -259,8 +267,6 @@ def require_local_token_auth() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("", 0))
         return probe.getsockname()[1]

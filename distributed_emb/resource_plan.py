@@ -410,8 +410,8 @@ def _num(value: float) -> str:
 def cluster_from_ray() -> ClusterShape:
     """The cluster Ray is connected to: alive nodes' totals, and the autoscaler's node types
     when it published any (`ray up` clusters; a plain `ray start` cluster has none)."""
-    import ray
-    from ray.experimental.internal_kv import _internal_kv_get
+    import ray  # startup
+    from ray.experimental.internal_kv import _internal_kv_get  # private
 
     nodes = [
         Node(
@@ -424,7 +424,7 @@ def cluster_from_ray() -> ClusterShape:
     ]
     node_types = []
     try:
-        from ray._private.state import state
+        from ray._private.state import state  # private
 
         config = state.get_cluster_config()
     except Exception as error:  # an older GCS or no autoscaler: treat as fixed
@@ -474,7 +474,7 @@ def check_training_plan(config, extras: list[Extra] = ()) -> ResourcePlan | None
     """Compute the plan on the connected cluster, log its table, raise PlanError if it can
     never fit (before Ray Train is asked for anything). None when Ray is not up (there is no
     cluster to plan for: callers that stub out Ray Train)."""
-    import ray
+    import ray  # startup
 
     if not ray.is_initialized():
         return None

@@ -82,7 +82,7 @@ def dedupe_repeated_ray_warnings(loggers: Iterable[str] = REPEATING_RAY_LOGGERS)
 def quiet_ray_data() -> None:
     """No Ray Data progress bars in this process (and in the Ray Data executors of datasets
     built after this call: the context travels with the dataset)."""
-    from ray.data import DataContext
+    from ray.data import DataContext  # startup
 
     context = DataContext.get_current()
     context.enable_progress_bars = False
@@ -126,10 +126,10 @@ class TensorBoardSink:
 
     def __init__(self, log_dir: str | os.PathLike):
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # optional
         except ImportError:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional
             except ImportError as error:
                 raise ImportError(
                     "neither tensorboardX nor tensorboard is installed (pip install tensorboardX)"
@@ -149,7 +149,7 @@ class WandbSink:
     name = "wandb"
 
     def __init__(self, config: dict, run_name: str | None):
-        from ray.air.integrations.wandb import setup_wandb
+        from ray.air.integrations.wandb import setup_wandb  # optional
 
         self.run = setup_wandb(
             config=config,
@@ -169,7 +169,7 @@ class MlflowSink:
     name = "mlflow"
 
     def __init__(self, config: dict, run_name: str | None, output_dir: Path):
-        from ray.air.integrations.mlflow import setup_mlflow
+        from ray.air.integrations.mlflow import setup_mlflow  # optional
 
         # No server configured: a file store beside the run's other outputs, not ./mlruns in
         # whatever directory the Ray worker happens to run in.

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
+from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
 from distributed_emb.config import ConfigError, load_config, require_model_dir  # noqa: E402
 from distributed_emb.evaluation import senteval_data as sd  # noqa: E402
 from distributed_emb.evaluation.report import format_results, write_results  # noqa: E402
@@ -110,7 +110,6 @@ def parse_args(argv: list[str] | None) -> EvaluationConfig:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
-    offline_defaults()
     setup_logging(None)
     if config.encode.use_ray:
         start_ray(config)  # reads only config.ray

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
+from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
 from distributed_emb.config import ConfigError, load_config  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "infocse_default.yaml"
@@ -27,8 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="output directory (sets output_dir)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds.max_rounds=2")
     args = parser.parse_args(argv)
-    offline_defaults()
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.config import InfoCSEConfig  # startup
 
     overrides = list(args.overrides) + ([f"output_dir={args.output}"] if args.output else [])
     try:
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"config error: {error}\n")
     setup_logging(config.output_dir)
     start_ray(config.training)
-    from distributed_emb.infocse.rounds import format_table, run_rounds
+    from distributed_emb.infocse.rounds import format_table, run_rounds  # startup
 
     records = run_rounds(config)
     print(format_table(records))

@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
+from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
 from distributed_emb.config import ConfigError, load_config  # noqa: E402
 from distributed_emb.mcr2.config import MCR2Config  # noqa: E402
+from distributed_emb.mcr2.pipeline import run  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mcr2.yaml"
 
@@ -59,12 +60,9 @@ def parse_args(argv: list[str] | None) -> MCR2Config:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
-    offline_defaults()
     setup_logging(config.output_dir)
     if config.encoder.use_ray:
         start_ray(config)  # reads only config.ray
-    from distributed_emb.mcr2.pipeline import run
-
     results = run(config)
     timing = results["wall_time_s"]
     print()

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout too
 
 import yaml  # noqa: E402
 
-from distributed_emb.cli import offline_defaults, setup_logging, start_ray  # noqa: E402
+from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
 from distributed_emb.config import ConfigError, load_config, to_dict  # noqa: E402
 from distributed_emb.tune.driver import can_resume, run_search, search_paths  # noqa: E402
 from distributed_emb.tune.report import format_summary, write_search_report  # noqa: E402
@@ -44,7 +44,6 @@ def parse_args(argv: list[str] | None) -> tuple[SearchJobConfig, bool]:
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=30")
     args = parser.parse_args(argv)
-    offline_defaults()
     try:
         if args.resume:
             if args.config or args.overrides or args.num_samples:

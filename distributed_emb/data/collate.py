@@ -7,6 +7,8 @@ row in the batch, not max_seq_length).
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 
@@ -15,7 +17,7 @@ from distributed_emb.data.readers import ROW_ID
 from distributed_emb.data.tokenize import IDS_SUFFIX, TRUNCATED_SUFFIX
 
 try:  # Ray ≥ 2.47 wants a collate class; the collator also works as a plain callable.
-    from ray.data.collate_fn import NumpyBatchCollateFn as _CollateBase
+    from ray.data.collate_fn import NumpyBatchCollateFn as _CollateBase  # version
 except ImportError:  # pragma: no cover
     _CollateBase = object
 
@@ -200,6 +202,4 @@ class LengthGroupedCollator(_CollateBase):
 
 def _group_ids(values) -> np.ndarray:
     """Group labels (document ids, any hashable) → stable int64 ids, equal across workers."""
-    import zlib
-
     return np.array([zlib.crc32(str(v).encode()) for v in values], dtype=np.int64)

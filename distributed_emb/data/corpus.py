@@ -86,9 +86,9 @@ def start_drop_counter():
     head under `ray job submit`): a 0-CPU actor may land on any worker node, and when that
     node is lost every later block's count fails with ActorDiedError, so the restored run
     dies too (tests/cluster/test_node_loss.py)."""
-    import ray
-    from ray.data._internal.stats import get_or_create_stats_actor
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray  # startup
+    from ray.data._internal.stats import get_or_create_stats_actor  # private
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # startup
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     # Ray Data's cluster-wide stats actor is detached and pinned to the node of whichever
@@ -100,7 +100,7 @@ def start_drop_counter():
 
 
 def collect_report(counter) -> DropReport:
-    import ray
+    import ray  # startup
 
     return DropReport.from_dict(ray.get(counter.report.remote()))
 
@@ -113,7 +113,7 @@ class KeepCleanRows:
         self.counter = counter
 
     def __call__(self, block: pa.Table) -> pa.Table:
-        import ray
+        import ray  # startup
 
         # Columns only the count needs (DocumentRows adds `_blank_sentences`).
         bookkeeping = [c for c in (DROP, WHERE, "_blank_sentences") if c in block.column_names]
@@ -145,7 +145,7 @@ class KeepFirstCopies:
         self.counter = counter
 
     def __call__(self, block: pa.Table) -> pa.Table:
-        import ray
+        import ray  # startup
 
         if block.num_rows == 0:
             return block.drop_columns(["_text_key"])
@@ -167,7 +167,7 @@ def training_dataset(data_config, counter):
     """The clean training corpus as a lazy Ray Dataset {columns..., _row_id}.
 
     Nothing is read here: reading starts when training (or `count()`) consumes the stream."""
-    import ray
+    import ray  # startup
 
     files = resolve_sources(corpus_path(data_config), data_config.hf_split)
     rules = text_rules(data_config)

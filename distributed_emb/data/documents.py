@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray
 
 from distributed_emb.config import ConfigError, require_range
 from distributed_emb.data.corpus import KeepCleanRows, collect_report, start_drop_counter
@@ -244,8 +245,6 @@ def read_documents(config: DocumentsConfig | None = None, log: bool = True) -> D
     Read and cleaned by Ray Data tasks; materialised on purpose (in the object store, not on the
     driver): InfoCSE's rounds re-annotate the same documents without parsing them again, and the
     drop counts are complete before anything uses the documents."""
-    import ray
-
     config = config or DocumentsConfig()
     config.validate()
     counter = start_drop_counter()

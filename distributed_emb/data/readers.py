@@ -423,8 +423,8 @@ def iter_parsed_blocks(files: CorpusFiles, rules: RowRules, block_rows: int = 10
 def corpus_datasource(files: CorpusFiles, rules: RowRules, block_rows: int = 10_000):
     """A Ray Data datasource with one read task per file: the files are opened and parsed on
     the cluster, never on the driver."""
-    from ray.data.block import BlockMetadata
-    from ray.data.datasource import Datasource, ReadTask
+    from ray.data.block import BlockMetadata  # startup
+    from ray.data.datasource import Datasource, ReadTask  # startup
 
     class CorpusDatasource(Datasource):
         def estimate_inmemory_data_size(self) -> int | None:

@@ -115,7 +115,7 @@ def _hub_filesystem() -> pafs.FileSystem:
             "a hub dataset needs the hub, and HF_HUB_OFFLINE=1 is set: set HF_HUB_OFFLINE=0 on a "
             "machine that reaches the hub, or download the dataset and pass its directory"
         )
-    from huggingface_hub import HfFileSystem  # optional path: only hub datasets need it
+    from huggingface_hub import HfFileSystem  # offline: imported after cli sets HF_HUB_OFFLINE
 
     return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem()))
 

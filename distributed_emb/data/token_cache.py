@@ -36,8 +36,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import ray
+from transformers import AutoTokenizer
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.data.corpus import (
@@ -76,8 +80,6 @@ class TokenShards:
 
     def dataset(self):
         """The shards as a lazy Ray Dataset {<column>__ids, <column>__truncated, _row_id, ...}."""
-        import ray
-
         filesystem, path = _filesystem(self.directory)
         return ray.data.read_parquet(path, filesystem=filesystem)
 
@@ -107,8 +109,6 @@ def token_cache_enabled(config, search: bool = False) -> bool:
 
 def cache_root(config) -> str:
     """`data.token_cache_dir`, else `token_cache` under the run's storage path."""
-    from pathlib import Path
-
     if config.data.token_cache_dir:
         root = config.data.token_cache_dir
     elif config.output.storage_path:
@@ -154,8 +154,6 @@ def corpus_fingerprint(data_config) -> list[list]:
 
 def cache_key(config) -> dict:
     """Everything the cached ids depend on (see the module docstring)."""
-    from transformers import AutoTokenizer  # heavy: only when the cache is used
-
     data = config.data
     tokenizer = AutoTokenizer.from_pretrained(
         config.model_path, trust_remote_code=config.model.trust_remote_code
@@ -230,8 +228,6 @@ def committed_shards(directory: str) -> TokenShards | None:
 
 
 def _count_rows(directory: str) -> int:
-    import pyarrow.dataset as pads
-
     filesystem, path = _filesystem(directory)
     return pads.dataset(path, filesystem=filesystem, format="parquet").count_rows()
 

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
+from transformers import AutoTokenizer
 
 from distributed_emb.data.corpus import corpus_columns
 
@@ -103,8 +104,6 @@ class TextEncoder:
 def text_encoder(path: str, max_length: int, trust_remote_code: bool = False) -> TextEncoder:
     key = (path, max_length, trust_remote_code)
     if key not in _ENCODERS:
-        from transformers import AutoTokenizer  # heavy: only where a stage runs
-
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ENCODERS[key] = TextEncoder(tokenizer, max_length)
     return _ENCODERS[key]

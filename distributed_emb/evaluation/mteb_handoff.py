@@ -17,7 +17,7 @@ from distributed_emb.model.sentence_transformer import load_sentence_transformer
 def import_mteb():
     """``import mteb``, or an ImportError that says how to get it."""
     try:
-        import mteb
+        import mteb  # optional
     except ImportError:
         raise ImportError(
             "the MTEB hand-off needs the optional 'mteb' package: "

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from distributed_emb.atomic_files import write_text_atomic
-from distributed_emb.cli import offline_defaults, setup_logging, start_ray
+from distributed_emb.cli import setup_logging, start_ray
 from distributed_emb.config import ConfigError, load_config
 from distributed_emb.data.documents import read_documents
 from distributed_emb.infocse.config import InfoCSEConfig
@@ -161,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.exit(2, f"unknown arms {unknown}; choose from {list(ARMS)}\n")
 
-    offline_defaults()
     config_path = args.config or str(
         Path(__file__).resolve().parents[2] / "jobs" / "configs" / "infocse_default.yaml"
     )

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 
 def read_pairs(path: str) -> list[dict]:
     """Pairs written by the annotator: a Parquet file or a directory of them, in file order."""
-    import pyarrow.parquet as pq
-
     location = Path(path)
     files = [location] if location.is_file() else sorted(location.rglob("*.parquet"))
     if not files:

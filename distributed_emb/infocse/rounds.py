@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
@@ -405,8 +406,6 @@ def _split_held_out(dataset, config: InfoCSEConfig):
     The split is by document (a hash of doc_id, evaluation/document_retrieval.py); held-out
     documents never reach annotation or training. Only their doc_ids and the (few) held-out
     documents come to the driver, which scores them."""
-    import pyarrow.compute as pc
-
     h = config.heldout
     if h.fraction == 0:
         return dataset, None

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from sklearn.decomposition import PCA
+from sklearn.random_projection import GaussianRandomProjection
 
 Projection = Callable[[np.ndarray], np.ndarray]
 
 
 def fit_pca(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) -> Projection:
-    from sklearn.decomposition import PCA
-
     if dim > min(train.shape):
         raise ValueError(
             f"PCA to {dim} dims needs at least {dim} training vectors of ≥ {dim} dims; "
@@ -31,8 +31,6 @@ def fit_pca(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) ->
 
 
 def fit_random_projection(train: np.ndarray, dim: int, seed: int = 0) -> Projection:
-    from sklearn.random_projection import GaussianRandomProjection
-
     projection = GaussianRandomProjection(n_components=dim, random_state=seed).fit(train)
     return lambda x: projection.transform(x).astype(np.float32)  # (m, dim)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 
 from distributed_emb.model.embedder import make_encoder
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
@@ -149,8 +150,6 @@ def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[s
 def _embed_with_dropout(model, texts: list[str], batch_size: int) -> np.ndarray:
     """(n, d) embeddings with dropout active: ``SentenceTransformer.encode`` switches to eval
     mode, so this runs the modules' forward pass itself, in train mode without gradients."""
-    import torch
-
     preprocess = getattr(model, "preprocess", None) or model.tokenize  # ST < 6: tokenize
     model.train()
     chunks = []
@@ -243,8 +242,6 @@ class CachedEncoder:
         if stored is not None:
             self.stats["disk_hits"] += 1
             return stored[: len(texts)], stored[len(texts) :]
-        import torch
-
         model = load_sentence_transformer(
             self.model_path, pooler=self.config.pooler, max_seq_length=self.config.max_seq_length
         )

@@ -27,7 +27,7 @@ def compressed_sentence_transformer(
     max_seq_length: int | None = None,
 ):
     """A SentenceTransformer: the encoder as loaded for training, then the head's layers."""
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # startup
 
     encoder = load_sentence_transformer(
         encoder_path, pooler=pooler, max_seq_length=max_seq_length, device="cpu"

@@ -59,7 +59,7 @@ def train_matryoshka(
 ) -> MatryoshkaModel:
     """Fine-tune the encoder with MatryoshkaLoss(MNRL) over `dims` and its full size; save it
     to `output_dir`. anchors[i] and positives[i] are a similar pair."""
-    from sentence_transformers import losses
+    from sentence_transformers import losses  # startup
 
     if len(anchors) != len(positives) or len(anchors) < 2:
         raise ValueError(f"need ≥ 2 pairs of equal length, got {len(anchors)}/{len(positives)}")

@@ -11,6 +11,7 @@ import warnings
 
 import torch
 from torch import nn
+from transformers import AutoModel, AutoModelForMaskedLM
 
 from distributed_emb.model.sentence_transformer import POOLERS, hf_pooler_dense
 
@@ -29,8 +30,6 @@ class TrainableEncoder(nn.Module):
         trust_remote_code: bool = False,
     ):
         super().__init__()
-        from transformers import AutoModel
-
         if pooler not in POOLERS:
             raise ValueError(f"unknown pooler {pooler!r}; expected one of {POOLERS}")
         self.model_path = model_path
@@ -49,8 +48,6 @@ class TrainableEncoder(nn.Module):
 
     def _attach_mlm_head(self, trust_remote_code: bool) -> nn.Module:
         """An MLM model whose body IS our backbone, so L_MLM trains the same weights."""
-        from transformers import AutoModelForMaskedLM
-
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             mlm_model, loading = AutoModelForMaskedLM.from_pretrained(

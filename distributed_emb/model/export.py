@@ -45,7 +45,7 @@ def export_sentence_transformer(
     embeddings), for a model trained from one that had it, so the export keeps its starting
     model's output contract. `card`: what the README.md says (None: sentence-transformers'
     bare card)."""
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # startup
 
     modules = _st_modules()
     with tempfile.TemporaryDirectory() as staging:

@@ -264,7 +264,7 @@ def _scores(history: list[dict], metrics: dict, start_is_candidate: bool) -> dic
 
 def card_data(info: ModelCardInfo):
     """sentence-transformers' card data for `info` (passed to SentenceTransformer(...))."""
-    from sentence_transformers import SentenceTransformerModelCardData
+    from sentence_transformers import SentenceTransformerModelCardData  # startup
 
     data = SentenceTransformerModelCardData(
         language=info.language or [],
@@ -304,7 +304,7 @@ def _log_row(row: dict) -> dict:
 def add_eval_results(model, info: ModelCardInfo) -> None:
     """The STS-B scores as the card's evaluation results (the hub's model-index metadata),
     through the evaluator class sentence-transformers documents for STS."""
-    from sentence_transformers.sentence_transformer.evaluation import (
+    from sentence_transformers.sentence_transformer.evaluation import (  # startup
         EmbeddingSimilarityEvaluator,
     )
 
@@ -347,7 +347,7 @@ def training_section(info: ModelCardInfo) -> str:
 def write_readme(model, directory: str | os.PathLike, info: ModelCardInfo) -> None:
     """README.md in `directory`: sentence-transformers' card from `model.model_card_data`,
     with our section before its "Training Details" (or at the end)."""
-    from sentence_transformers.base.model_card import generate_model_card
+    from sentence_transformers.base.model_card import generate_model_card  # startup
 
     model.model_card_data.save_dir = str(directory)
     text = generate_model_card(model)
@@ -362,7 +362,7 @@ def finalize_export(
 ) -> str | None:
     """After the run: rewrite the export's card with the final metrics (corpus size, STS-B
     test), then push it to the hub if `export.push_to_hub`. Returns the hub URL, else None."""
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # startup
 
     model = SentenceTransformer(model_dir, device="cpu", local_files_only=True)
     info = card_info(config, metrics=metrics, command=command, max_seq_length=model.max_seq_length)
@@ -388,7 +388,7 @@ def push_export(model_dir: str, repo_id: str | None) -> str:
         raise RuntimeError(
             f"cannot push {model_dir} to {repo_id}: HF_HUB_OFFLINE=1 (set HF_HUB_OFFLINE=0)"
         )
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # offline: imported after cli sets HF_HUB_OFFLINE
 
     api = HfApi()
     api.create_repo(repo_id, exist_ok=True)

@@ -11,6 +11,7 @@ evaluator, the exporter and the annotation actors all embed a sentence the same 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -22,9 +23,9 @@ POOLERS = ("cls", "cls_before_pooler", "mean")
 def _st_modules():
     # sentence-transformers >= 6 moved the modules; older releases keep `models`.
     try:
-        from sentence_transformers.sentence_transformer import modules
+        from sentence_transformers.sentence_transformer import modules  # version
     except ImportError:  # pragma: no cover - older sentence-transformers
-        from sentence_transformers import models as modules
+        from sentence_transformers import models as modules  # version
     return modules
 
 
@@ -35,8 +36,6 @@ def is_sentence_transformer_dir(path: str | os.PathLike) -> bool:
 def ends_with_normalize(path: str | os.PathLike) -> bool:
     """Does the sentence-transformers dir at `path` L2-normalise its embeddings (a Normalize
     module, as all-MiniLM-L6-v2 has)? False for a plain HF dir."""
-    import json
-
     modules = Path(path) / "modules.json"
     if not modules.is_file():
         return False
@@ -88,7 +87,7 @@ def load_sentence_transformer(
     dense and normalise modules). Otherwise `path` is read as a plain HF encoder and `pooler`
     (default ``cls_before_pooler``, SimCSE's unsupervised setting) is put on top.
     """
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # startup
 
     if pooler is None and is_sentence_transformer_dir(path):
         model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)

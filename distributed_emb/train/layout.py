@@ -19,6 +19,9 @@ import dataclasses
 import logging
 import os
 
+import ray
+import torch
+
 from distributed_emb.config import TrainLoopConfig
 
 log = logging.getLogger(__name__)
@@ -61,8 +64,6 @@ def local_node_shape() -> NodeShape:
     """The node's shape from Ray when it is running (a joined cluster's alive nodes), else
     this machine's cores and visible GPUs."""
     try:
-        import ray
-
         if ray.is_initialized():
             nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU")]
             if nodes:
@@ -77,8 +78,6 @@ def local_node_shape() -> NodeShape:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpus = 0
     try:
-        import torch
-
         gpus = torch.cuda.device_count()
     except Exception:  # pragma: no cover
         pass

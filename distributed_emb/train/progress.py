@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from ray.experimental.tqdm_ray import tqdm
 
 from distributed_emb.tracking import LOG_FORMAT, MetricsSinks
 
@@ -67,8 +68,6 @@ class ProgressLog:
         self.sinks = sinks if enabled and sinks is not None else MetricsSinks([])
         self.bar = None
         if enabled and show_bar:
-            from ray.experimental.tqdm_ray import tqdm
-
             self.bar = tqdm(total=total_steps, desc="train", unit="step")
             if start_step:
                 self.bar.update(start_step)

@@ -12,6 +12,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import transformers
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from transformers import AutoTokenizer
+
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
@@ -57,9 +62,6 @@ def build_trainer(
     callbacks such as TuneReportCallback). `worker_cpus`: each worker's CPU reservation from
     the resource plan (resource_plan.py), when it lowered `train.cpus_per_worker`.
     `pretokenised`: `dataset` holds token ids already (data/token_cache.py), no stage needed."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
     train = config.train
     storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
     resolve_progress_bar(config)  # the workers' stderr is a file: the driver's console decides
@@ -119,9 +121,6 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     """Rebuild the encoder, load a checkpoint's weights, write a sentence-transformers dir
     with a model card (the evaluations so far come from the checkpoint's loop state;
     model_card.finalize_export adds the run's final metrics)."""
-    import transformers
-    from transformers import AutoTokenizer
-
     transformers.logging.set_verbosity_error()
     encoder = build_encoder(config)
     load_encoder_weights(encoder, checkpoint_dir)

@@ -25,6 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+from ray import tune as ray_tune
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import BasicVariantGenerator
+
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
 from distributed_emb.data.token_cache import searched_key_settings, token_shards
@@ -180,9 +186,6 @@ def run_trial(
 ) -> None:
     """One Tune trial: the base config with this trial's values, trained by the job's own
     TorchTrainer; every evaluation reaches Tune through TuneReportCallback."""
-    from ray import tune as ray_tune
-    from ray.tune.integration.ray_train import TuneReportCallback
-
     config = apply_params(from_dict(TrainingConfig, base), params)
     # A stable name (no timestamp): a retried or resumed trial finds its own Train run in
     # storage and continues from its last checkpoint.
@@ -217,8 +220,6 @@ def trial_dirname(trial) -> str:
 
 
 def build_scheduler(config: SearchJobConfig):
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
     if config.tune.scheduler == "fifo":
         return FIFOScheduler()
     grace, max_t = asha_budget(config)
@@ -235,11 +236,9 @@ def build_searcher(config: SearchJobConfig, max_concurrent: int):
     for a BasicVariantGenerator instance (it only wraps Searchers), so that one gets the limit
     itself."""
     if config.tune.searcher == "optuna":
-        from ray.tune.search.optuna import OptunaSearch
+        from ray.tune.search.optuna import OptunaSearch  # optional
 
         return OptunaSearch(seed=config.tune.seed), max_concurrent
-    from ray.tune.search import BasicVariantGenerator
-
     return BasicVariantGenerator(random_state=config.tune.seed, max_concurrent=max_concurrent), None
 
 
@@ -253,8 +252,6 @@ def make_trainable(
 ):
     """run_trial with the base config, the shared dataset and the plan's worker reservation
     bound, on DRIVER_CPU."""
-    from ray import tune as ray_tune
-
     trial_base = to_dict(base)
     trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
     trainable = ray_tune.with_parameters(
@@ -270,8 +267,6 @@ def make_trainable(
 
 
 def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: SearchPaths):
-    from ray import tune as ray_tune
-
     searcher, tune_limit = build_searcher(config, max_concurrent)
     return ray_tune.Tuner(
         trainable,
@@ -294,8 +289,6 @@ def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: Se
 
 
 def can_resume(paths: SearchPaths) -> bool:
-    from ray import tune as ray_tune
-
     return ray_tune.Tuner.can_restore(paths.experiment)
 
 
@@ -328,9 +321,6 @@ class SearchRun:
 
 def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     """Load the corpus once, then run (or resume) the search to the end. Ray must be up."""
-    import ray
-    from ray import tune as ray_tune
-
     started = time.time()
     paths = search_paths(config)
     base, space = config.base(), config.space()

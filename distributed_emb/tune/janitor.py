@@ -18,6 +18,10 @@ from __future__ import annotations
 import logging
 import threading
 
+import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.state import list_actors, list_placement_groups
+
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL_S = 30.0
@@ -58,10 +62,6 @@ class PlacementGroupJanitor:
 
     def sweep(self) -> list[str]:
         """One pass; returns the ids of the groups removed in it."""
-        import ray
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
-        from ray.util.state import list_actors, list_placement_groups
-
         context = ray.get_runtime_context()
         address, job = context.gcs_address, context.get_job_id()
         groups = list_placement_groups(

@@ -17,10 +17,10 @@ MARKERS = {COMPLETED: "o", STOPPED: "v", ERROR: "x"}
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # optional
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional
 
     return plt
 
@@ -48,7 +48,7 @@ def plot_metric_vs_params(
         if categorical:
             axis.set_xticks(range(len(ticks)), ticks)
         elif distribution.kind == "loguniform":
-            from matplotlib.ticker import NullFormatter
+            from matplotlib.ticker import NullFormatter  # optional
 
             axis.set_xscale("log")
             axis.xaxis.set_minor_formatter(NullFormatter())  # unlabelled minor ticks: no overlap

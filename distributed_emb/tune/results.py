@@ -21,6 +21,8 @@ from typing import Any
 
 import pyarrow.fs
 import yaml
+from ray.train import Checkpoint
+from ray.tune import ExperimentAnalysis
 
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.tables import markdown_table
@@ -158,8 +160,6 @@ def _number(value: Any) -> float | None:
 def summarize_trials(experiment_path: str, train_storage: str, name: str) -> list[TrialSummary]:
     """Every trial of the experiment, in trial-id order. A trial's Train run is
     `<train_storage>/<name>-<trial id>` (the run name tune/driver.py gives it)."""
-    from ray.tune import ExperimentAnalysis
-
     analysis = ExperimentAnalysis(experiment_path)
     frames = analysis.trial_dataframes
     summaries = []
@@ -265,8 +265,6 @@ def write_best_config(config: TrainingConfig, trial: TrialSummary, path: Path) -
 
 def export_best_model(config: TrainingConfig, trial: TrialSummary, output_dir: Path) -> str:
     """The best trial's best checkpoint as a sentence-transformers directory."""
-    from ray.train import Checkpoint
-
     checkpoint = Checkpoint(trial.best_checkpoint)  # local path or s3:// / gs:// URI
     with checkpoint.as_directory() as directory:
         return export_checkpoint(config, directory, str(output_dir))

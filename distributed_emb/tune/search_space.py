@@ -25,6 +25,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from ray import tune as ray_tune
+
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 
 # The issue's space (InforMin-CL's hyperparameters, the ranges the paper grid-searches over).
@@ -62,8 +64,6 @@ class Distribution:
 
     def to_ray(self):
         """The ray.tune domain (sampled by the searcher)."""
-        from ray import tune as ray_tune
-
         if self.kind == "loguniform":
             return ray_tune.loguniform(self.low, self.high)
         if self.kind == "uniform":
