@@ -103,23 +103,39 @@ def read_sts_benchmark(senteval_dir: str | os.PathLike, split: str) -> StsData:
     if split not in ("train", "dev", "test"):
         raise ValueError(f"STS-B split must be train, dev or test, not {split!r}")
     path = Path(senteval_dir) / "STS" / "STSBenchmark" / f"sts-{split}.csv"
+    columns = ("genre", "file", "year", "id", "score", "sentence1", "sentence2")
+    return _scored_pairs(
+        path, enumerate(read_lines(path), start=1), columns, (4, 5, 6), f"STSB-{split}"
+    )
+
+
+def _scored_pairs(
+    path: Path,
+    numbered_lines,
+    columns: tuple[str, ...],
+    score_first_second: tuple[int, int, int],
+    name: str,
+) -> StsData:
+    """Tab-separated (line number, line) rows → StsData; the three indexes say which columns
+    hold the score and the two sentences. A short row or a bad score names the file and line."""
+    score_at, first_at, second_at = score_first_second
     sentences1: list[str] = []
     sentences2: list[str] = []
     scores: list[float] = []
-    for line_no, line in enumerate(read_lines(path), start=1):
+    for line_no, line in numbered_lines:
         # SentEval: line.strip().split('\t'); strip() only removes the line's outer blanks.
         fields = line.strip().split("\t")
-        if len(fields) < 7:
+        if len(fields) < len(columns):
             raise SentEvalDataError(
-                f"{_where(path, line_no)}: expected at least 7 tab-separated columns "
-                f"(genre, file, year, id, score, sentence1, sentence2), found {len(fields)}"
+                f"{_where(path, line_no)}: expected at least {len(columns)} tab-separated "
+                f"columns ({', '.join(columns)}), found {len(fields)}"
             )
-        scores.append(parse_score(fields[4], path, line_no))
-        sentences1.append(normalise_sentence(fields[5]))
-        sentences2.append(normalise_sentence(fields[6]))
+        scores.append(parse_score(fields[score_at], path, line_no))
+        sentences1.append(normalise_sentence(fields[first_at]))
+        sentences2.append(normalise_sentence(fields[second_at]))
     if not scores:
         raise SentEvalDataError(f"{path}: no sentence pairs")
-    return StsData(sentences1, sentences2, np.asarray(scores, dtype=np.float64), f"STSB-{split}")
+    return StsData(sentences1, sentences2, np.asarray(scores, dtype=np.float64), name)
 
 
 # --- STS12–16 -------------------------------------------------------------------------------
@@ -218,22 +234,9 @@ def read_sick_relatedness(senteval_dir: str | os.PathLike, split: str) -> StsDat
             if lines
             else f"{path}: empty file"
         )
-    sentences1: list[str] = []
-    sentences2: list[str] = []
-    scores: list[float] = []
-    for line_no, line in enumerate(lines[1:], start=2):
-        fields = line.strip().split("\t")
-        if len(fields) < 4:
-            raise SentEvalDataError(
-                f"{_where(path, line_no)}: expected at least 4 tab-separated columns "
-                f"(pair_ID, sentence_A, sentence_B, relatedness_score), found {len(fields)}"
-            )
-        scores.append(parse_score(fields[3], path, line_no))
-        sentences1.append(normalise_sentence(fields[1]))
-        sentences2.append(normalise_sentence(fields[2]))
-    if not scores:
-        raise SentEvalDataError(f"{path}: no sentence pairs")
-    return StsData(sentences1, sentences2, np.asarray(scores, dtype=np.float64), f"SICK-{split}")
+    return _scored_pairs(
+        path, enumerate(lines[1:], start=2), SICK_HEADER, (3, 1, 2), f"SICK-{split}"
+    )
 
 
 # --- transfer (classification) tasks --------------------------------------------------------
