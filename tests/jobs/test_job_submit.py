@@ -65,7 +65,8 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, 
     # The machine's own 2 CPUs, exactly num_workers × cpus_per_worker: the resource plan must
     # leave Ray Data its share (before it, the job hung at `Split Repartition: 0%`).
     with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as head:
-        never = _submit(head, config_path, tmp_path / "never", "train.num_workers=8")
+        # Fails in seconds, before Ray Train starts: 300 s is far more than it may take.
+        never = _submit(head, config_path, tmp_path / "never", "train.num_workers=8", timeout=300)
         never_logs = never.stdout + never.stderr
         submitted = _submit(head, config_path, output, submission_id=submission_id)
         logs = submitted.stdout + submitted.stderr
@@ -153,7 +154,7 @@ def test_submitted_infocse_and_tune_jobs_fit_a_head_with_exactly_the_workers_cpu
 
 
 def _submit_job(
-    head, script: str, *args: str, submission_id: str | None = None
+    head, script: str, *args: str, submission_id: str | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
     """`ray job submit` of a job script to `head`, as a user runs it on a cluster."""
     return subprocess.run(
@@ -177,5 +178,5 @@ def _submit_job(
         env=head.client_env(),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
