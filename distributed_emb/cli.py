@@ -32,10 +32,21 @@ log = logging.getLogger("distributed_emb")
 WORKER_SETUP_HOOK = "distributed_emb.tracking.quiet_worker_setup"
 
 
-def offline_defaults() -> None:
-    """No hub access at run time unless the user opts in (HF_HUB_OFFLINE=0)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Set in this process and passed to every Ray worker (start_ray) unless the user set them:
+# - HF_HUB_OFFLINE: no hub access at run time unless the user opts in (HF_HUB_OFFLINE=0);
+# - TOKENIZERS_PARALLELISM: one thread per tokenising process, which Ray already runs many of;
+# - HF_HUB_DISABLE_PROGRESS_BARS: no "Loading weights" bar each time a Train worker, Tune
+#   trial or annotation actor loads the model (transformers reads it at import).
+ENVIRONMENT_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
+
+
+def environment_defaults() -> None:
+    for name, value in ENVIRONMENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 # At import, not in a job's main(): huggingface_hub and datasets read HF_HUB_OFFLINE once, when
@@ -43,7 +54,7 @@ def offline_defaults() -> None:
 # main() runs; set later, the variable is there and the hub client still goes online. Every job
 # imports this module before any of those, and this module's imports never reach them
 # (tests/test_offline.py checks both).
-offline_defaults()
+environment_defaults()
 
 
 def setup_logging(output_dir: str | None) -> None:
@@ -183,7 +194,7 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     runtime_env = {
         "env_vars": {
             k: os.environ[k]
-            for k in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "HF_HOME")
+            for k in (*ENVIRONMENT_DEFAULTS, "HF_HOME")
             if k in os.environ and k not in job_env_vars
         }
     }

@@ -10,8 +10,10 @@ cls_before_pooler). --tasks takes a comma list of groups (sts, transfer, retriev
 all) or task names (STS12 ... SICKRelatedness, MR ... MRPC). DIR is SentEval's
 data/downstream (or its parent data/); it defaults to the shipped STS-B-only copy. When no
 requested task has data in DIR the job stops before encoding, with status 2. Encoding runs
-as a Ray Data actor pool (joins RAY_ADDRESS if set, else starts Ray locally); --no-ray
-encodes in this process.
+in this process on one machine (as SentenceTransformer.encode does, every core), and as a
+Ray Data actor pool when joining a cluster (RAY_ADDRESS or ray.address) or with
+--concurrency above 1; encode.use_ray=true forces the pool (a local Ray), --no-ray this
+process.
 Other settings (transfer.kfold, encode.concurrency, ...) as dotted overrides; see
 docs/EVALUATION.md.
 """
@@ -31,6 +33,7 @@ from distributed_emb.evaluation.report import format_results, write_results  # n
 from distributed_emb.evaluation.suite import (  # noqa: E402
     TASK_SPECS,
     EvaluationConfig,
+    encodes_with_ray,
     evaluate,
     resolve_tasks,
 )
@@ -111,7 +114,7 @@ def parse_args(argv: list[str] | None) -> EvaluationConfig:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     setup_logging(None)
-    if config.encode.use_ray:
+    if encodes_with_ray(config):
         start_ray(config)  # reads only config.ray
     output = evaluate(config)
     print(format_results(output))

@@ -24,6 +24,7 @@ from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
 from distributed_emb.config import ConfigError, load_config  # noqa: E402
 from distributed_emb.mcr2.config import MCR2Config  # noqa: E402
 from distributed_emb.mcr2.pipeline import run  # noqa: E402
+from distributed_emb.model.embedder import use_encoding_pool  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mcr2.yaml"
 
@@ -61,7 +62,10 @@ def parse_args(argv: list[str] | None) -> MCR2Config:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     setup_logging(config.output_dir)
-    if config.encoder.use_ray:
+    # Decided once, here, with the cluster address the encoder's own settings do not hold.
+    encoder = config.encoder
+    encoder.use_ray = use_encoding_pool(encoder.use_ray, encoder.concurrency, config.ray.address)
+    if encoder.use_ray:
         start_ray(config)  # reads only config.ray
     results = run(config)
     timing = results["wall_time_s"]

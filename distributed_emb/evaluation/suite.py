@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from distributed_emb.evaluation.transfer import (
     evaluate_sst2,
     evaluate_trec,
 )
-from distributed_emb.model.embedder import EmbeddingLookup, make_encoder
+from distributed_emb.model.embedder import EmbeddingLookup, make_encoder, use_encoding_pool
 from distributed_emb.model.sentence_transformer import POOLERS
 from distributed_emb.paths import default_model_path, shipped_senteval_dir
 
@@ -55,7 +55,9 @@ class EncodeSettings:
     pooler: str | None = None  # None: a SentenceTransformer dir as saved; else cls_before_pooler
     batch_size: int = 128
     max_seq_length: int | None = None
-    use_ray: bool = True  # False: encode in this process (small runs)
+    # auto: a Ray Data actor pool when joining a cluster or concurrency > 1, else this process
+    # (model/embedder.py use_encoding_pool); true/false force one.
+    use_ray: bool | Literal["auto"] = "auto"
     concurrency: int = 1  # encoding actors
     num_cpus_per_actor: float | None = None  # None: leave one CPU for Ray Data's tasks
     num_gpus_per_actor: float | None = None  # None: 1 if the cluster has enough GPUs
@@ -253,6 +255,10 @@ def run_group(
     return {"results": results, "skipped": skipped, "timing": timings}
 
 
+def encodes_with_ray(config: EvaluationConfig) -> bool:
+    return use_encoding_pool(config.encode.use_ray, config.encode.concurrency, config.ray.address)
+
+
 def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
     """Run the configured tasks; returns the JSON-ready results (see docs/EVALUATION.md)."""
     config.validate()
@@ -260,6 +266,7 @@ def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
     senteval_dir = config.senteval_dir or shipped_senteval_dir()
     if encode is None:
         e = config.encode
+        use_ray = encodes_with_ray(config)
         ray_options = (
             {
                 "concurrency": e.concurrency,
@@ -267,11 +274,11 @@ def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
                 "num_gpus_per_actor": e.num_gpus_per_actor,
                 "torch_threads": e.torch_threads,
             }
-            if e.use_ray
+            if use_ray
             else {}
         )
         encode = make_encoder(
-            model, e.pooler, e.batch_size, e.max_seq_length, use_ray=e.use_ray, **ray_options
+            model, e.pooler, e.batch_size, e.max_seq_length, use_ray=use_ray, **ray_options
         )
     started = time.perf_counter()
     output: dict[str, Any] = {

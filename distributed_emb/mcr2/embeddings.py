@@ -30,7 +30,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from distributed_emb.model.embedder import make_encoder
+from distributed_emb.model.embedder import make_encoder, use_encoding_pool
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
 from distributed_emb.paths import default_model_path
 
@@ -46,7 +46,9 @@ class EncoderConfig:
     pooler: Literal["cls", "cls_before_pooler", "mean"] | None = "mean"
     max_seq_length: int | None = 128
     batch_size: int = 128
-    use_ray: bool = True  # False: encode in this process (no Ray), same model and batching
+    # auto: a Ray Data actor pool when joining a cluster or concurrency > 1, else this process
+    # with the same model and batching (model/embedder.py use_encoding_pool); true/false force.
+    use_ray: bool | Literal["auto"] = "auto"
     concurrency: int = 1  # encoding actors
     # Threads per encoding actor; Ray would give a 1-CPU actor one thread. None: Ray's choice.
     torch_threads: int | None = None
@@ -128,7 +130,7 @@ class EmbeddingCache:
 
 
 def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[str]], np.ndarray]:
-    if config.use_ray:
+    if use_encoding_pool(config.use_ray, config.concurrency, None):
         return make_encoder(
             model_path,
             pooler=config.pooler,

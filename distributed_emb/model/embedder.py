@@ -16,6 +16,7 @@ input index and the output is put back in order by it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -217,6 +218,19 @@ def ray_encode(
     out = np.empty_like(embeddings)
     out[index] = embeddings
     return out
+
+
+def use_encoding_pool(use_ray: bool | str, concurrency: int, address: str | None) -> bool:
+    """`use_ray: auto`: a Ray Data actor pool where it pays, this process where it does not.
+
+    A pool pays when there is more than one place to encode: a cluster to join (`address`, or
+    RAY_ADDRESS, which `ray job submit` sets: several nodes or GPUs, and a driver that may sit
+    on a head offering no compute) or several actors asked for. On one machine with no
+    cluster, one process using every core is what `SentenceTransformer.encode` does, and it is
+    faster than one actor held to its CPU share (docs/BENCHMARKS.md, "Encoding")."""
+    if use_ray != "auto":
+        return bool(use_ray)
+    return concurrency > 1 or bool(address or os.environ.get("RAY_ADDRESS"))
 
 
 def make_encoder(

@@ -1,4 +1,5 @@
-"""jobs/evaluate.py end to end on the default Ray Data path, with a tiny model."""
+"""jobs/evaluate.py end to end, through a Ray Data actor pool and in this process (the default
+on one machine), with a tiny model."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def test_evaluate_job_with_ray_writes_table_and_json(tiny_bert_path, ray_local, 
             "32",
             "--output",
             str(output),
+            "encode.use_ray=true",
             "encode.num_cpus_per_actor=0.5",
         ]
     )
@@ -56,6 +58,22 @@ def test_evaluate_job_with_ray_writes_table_and_json(tiny_bert_path, ray_local, 
     assert saved["sts"]["STSBenchmark"]["n"] == 1379
     assert -100 <= saved["sts"]["STSBenchmark"]["spearman"] <= 100
     assert saved["wall_time_s"]["sts"]["encode_s"] > 0
+
+
+def test_evaluate_job_on_one_machine_encodes_in_process(tiny_bert_path, tmp_path, monkeypatch):
+    """No cluster to join, one actor: encoding in this process; Ray is neither started nor used."""
+    from distributed_emb.model import embedder
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    job = load_job()
+    monkeypatch.setattr(job, "start_ray", lambda config: pytest.fail("the job started Ray"))
+    monkeypatch.setattr(embedder, "ray_encode", lambda *a, **k: pytest.fail("encoded on Ray"))
+    output = tmp_path / "results.json"
+    argv = [tiny_bert_path, "--pooler", "mean", "--tasks", "STSBenchmark", "--output", str(output)]
+    assert job.main([*argv, "--max-seq-len", "32"]) == 0
+    saved = json.loads(output.read_text())
+    assert saved["config"]["encode"]["use_ray"] == "auto"
+    assert saved["sts"]["STSBenchmark"]["n"] == 1379
 
 
 def _stsb_only(root: Path) -> Path:

@@ -12,6 +12,7 @@ from distributed_emb.model.embedder import (
     local_encode,
     make_encoder,
     ray_encode,
+    use_encoding_pool,
 )
 
 # Lengths vary so that the length sort inside ray_encode really reorders the rows.
@@ -55,6 +56,25 @@ def test_ray_encode_equals_local_encode(tiny_bert_path, ray_local, concurrency):
     np.testing.assert_allclose(got, expected, atol=1e-5)
     # Rows are distinct, so a permuted result could not pass the check above by accident.
     assert np.unique(expected.round(4), axis=0).shape[0] == len(SENTENCES)
+
+
+@pytest.mark.parametrize(
+    ("use_ray", "concurrency", "address", "env", "pool"),
+    [
+        ("auto", 1, None, None, False),  # one machine, one actor: this process, every core
+        ("auto", 2, None, None, True),  # several actors asked for
+        ("auto", 1, "10.0.0.1:6379", None, True),  # a cluster to join (ray.address)
+        ("auto", 1, None, "http://127.0.0.1:8265", True),  # under `ray job submit`
+        (True, 1, None, None, True),
+        (False, 4, "10.0.0.1:6379", None, False),
+    ],
+)
+def test_encoding_pool_where_it_pays(monkeypatch, use_ray, concurrency, address, env, pool):
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    assert use_encoding_pool(use_ray, concurrency, address) is pool
 
 
 def test_make_encoder_rejects_ray_options_without_ray(tiny_bert_path):
