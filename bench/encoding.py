@@ -50,19 +50,20 @@ def stsb_sentences(limit: int | None) -> list[str]:
     return distinct[:limit] if limit else distinct
 
 
-def sentence_transformers_arm(model: str, sentences: list[str]) -> np.ndarray:
+def sentence_transformers_arm(model: str, sentences: list[str], pooler: str | None) -> np.ndarray:
+    # A plain HF directory gets sentence-transformers' default, mean pooling (give --pooler mean).
     from sentence_transformers import SentenceTransformer  # startup
 
     encoder = SentenceTransformer(model, device="cpu")
     return encoder.encode(sentences, batch_size=BATCH, show_progress_bar=False)
 
 
-def in_process_arm(model: str, sentences: list[str]) -> np.ndarray:
-    return make_encoder(model, batch_size=BATCH, use_ray=False)(sentences)
+def in_process_arm(model: str, sentences: list[str], pooler: str | None) -> np.ndarray:
+    return make_encoder(model, pooler, batch_size=BATCH, use_ray=False)(sentences)
 
 
-def ray_pool_arm(model: str, sentences: list[str]) -> np.ndarray:
-    return ray_encode(sentences, model, batch_size=BATCH)
+def ray_pool_arm(model: str, sentences: list[str], pooler: str | None) -> np.ndarray:
+    return ray_encode(sentences, model, pooler=pooler, batch_size=BATCH)
 
 
 ARMS = {
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sentences", type=int, default=None, help="first N (default: all)")
     parser.add_argument("--model", default=None, help="default: the packaged MiniLM")
+    parser.add_argument(
+        "--pooler", default=None, help="our pooler for a plain HF model (default: as saved)"
+    )
     args = parser.parse_args(argv)
     environment_defaults()
     import ray  # startup
@@ -94,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     try:
         for arm in ARMS.values():  # imports and first-call costs, paid by no timed arm
-            arm(model, sentences[:8])
+            arm(model, sentences[:8], args.pooler)
         for _ in range(args.rounds):
             for name, arm in ARMS.items():
                 started = time.perf_counter()
-                vectors = np.asarray(arm(model, sentences), dtype=np.float32)
+                vectors = np.asarray(arm(model, sentences, args.pooler), dtype=np.float32)
                 seconds[name].append(time.perf_counter() - started)
                 if reference is None:
                     reference = vectors

@@ -183,3 +183,33 @@ def test_tiny_run_fills_every_table(tiny_bert_path, tmp_path):
     assert all(row[2] > 0 for row in tables["memory"]["rows"])
     assert all(row[2] > 0 for row in tables["annotation"]["rows"])
     assert {e["at"] for e in results["load"]} >= {"start", "after step", "after profile"}
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_encoding_bench_times_every_arm_and_checks_their_vectors(tiny_bert_path):
+    """bench/encoding.py on 16 sentences with a tiny model: every arm timed and compared."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/encoding.py",
+            "--rounds",
+            "1",
+            "--sentences",
+            "16",
+            "--model",
+            tiny_bert_path,
+            "--pooler",
+            "mean",  # what sentence-transformers gives a plain HF directory
+        ],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["sentences"] == 16
+    assert set(result["seconds"]) == {"sentence_transformers", "in_process", "ray_pool"}
+    assert result["median_speed_vs_sentence_transformers"]["sentence_transformers"] == 1.0
