@@ -114,9 +114,8 @@ def map_sharded(items: list, compute, order_key=None) -> np.ndarray:
     part = np.asarray(compute([items[i] for i in padded]))[: len(mine)]
     parts: list = [None] * world
     dist.all_gather_object(parts, (mine, part))
-    width = next(p.shape[1:] for _, p in parts if len(p))
-    dtype = next(p.dtype for _, p in parts if len(p))
-    result = np.empty((len(items), *width), dtype=dtype)
+    sample = next(rows for _, rows in parts if len(rows))  # shape and dtype of a row
+    result = np.empty((len(items), *sample.shape[1:]), dtype=sample.dtype)
     for indices, rows in parts:
         result[indices] = rows
     return result

@@ -130,22 +130,19 @@ class EmbeddingCache:
 
 
 def _encode_function(config: EncoderConfig, model_path: str) -> Callable[[list[str]], np.ndarray]:
-    if use_encoding_pool(config.use_ray, config.concurrency, None):
-        return make_encoder(
-            model_path,
-            pooler=config.pooler,
-            batch_size=config.batch_size,
-            max_seq_length=config.max_seq_length,
-            use_ray=True,
-            concurrency=config.concurrency,
-            torch_threads=config.torch_threads,
-        )
+    use_ray = use_encoding_pool(config.use_ray, config.concurrency, None)
+    ray_options = (
+        {"concurrency": config.concurrency, "torch_threads": config.torch_threads}
+        if use_ray
+        else {}
+    )
     return make_encoder(
         model_path,
         pooler=config.pooler,
         batch_size=config.batch_size,
         max_seq_length=config.max_seq_length,
-        use_ray=False,
+        use_ray=use_ray,
+        **ray_options,
     )
 
 

@@ -26,7 +26,7 @@ SENTENCES = [
 ]
 
 
-def _embed(model_path: str, sentences: list[str], calls: list[int]):
+def _embed(model_path: str, calls: list[int]):
     """The module's embedding function, counting its calls (and their sizes) in `calls`."""
     from transformers import AutoTokenizer
 
@@ -50,7 +50,7 @@ def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     calls: list[int] = []
-    embed = _embed(model_path, SENTENCES[:n], calls)
+    embed = _embed(model_path, calls)
     result = distributed.map_sharded(SENTENCES[:n], embed, order_key=len)
     np.save(os.path.join(out_dir, f"rank{rank}.npy"), result)
     np.save(os.path.join(out_dir, f"calls{rank}.npy"), np.array(calls))
@@ -66,7 +66,7 @@ def test_two_ranks_embed_what_one_process_embeds(tiny_bert_path, tmp_path, n):
         nprocs=2,
         join=True,
     )
-    reference = _embed(tiny_bert_path, SENTENCES[:n], [])(SENTENCES[:n])  # (n, d)
+    reference = _embed(tiny_bert_path, [])(SENTENCES[:n])  # (n, d)
     for rank in range(2):
         got = np.load(tmp_path / f"rank{rank}.npy")
         assert got.shape == reference.shape
