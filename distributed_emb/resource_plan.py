@@ -8,8 +8,8 @@ Parts of a training job (docs/OPERATIONS.md, "Sizing a cluster"):
   Train V2 subtracts its workers' bundles from Ray Data's budget and every Ray Data task asks
   for a whole CPU, so at least one node must keep a whole CPU free of Train workers, or the
   pipeline waits forever (a 2-CPU head with 2 workers × 1 CPU: `Split Repartition: 0%`);
-- per job extras: Tune's trial drivers (0.01 CPU each, one per concurrent trial), annotation
-  actors.
+- per job extras: annotation and encoding actors. (Tune's trial drivers reserve memory, not
+  CPU: tune/driver.py.)
 
 Fit or fail: on a fixed cluster a plan that cannot fit raises `PlanError` with the arithmetic
 and the smallest change that fits. Where only the CPUs are short and

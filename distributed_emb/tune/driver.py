@@ -6,10 +6,12 @@ TrainingConfig, builds the TorchTrainer with `build_trainer` (the same one
 jobs/train_informin.py runs, so a search trains exactly what training trains) and forwards
 every STS-B dev report to Tune through `TuneReportCallback`.
 
-Resources: the trial driver only waits on its TorchTrainer, so it asks for 0.01 CPU; the
-Train workers (num_workers × cpus_per_worker CPUs, + GPUs) are what limits concurrency.
-A driver holding a whole CPU deadlocks small machines: two drivers take both CPUs and
-neither trial's workers can start (docs/TUNE.md).
+Resources: the trial driver only waits on its TorchTrainer, so it reserves no CPU, only
+DRIVER_MEMORY (Tune needs a non-empty bundle for it); the Train workers (num_workers ×
+cpus_per_worker CPUs, + GPUs) are what limits concurrency. A driver holding a whole CPU
+deadlocks small machines (two drivers take both CPUs and neither trial's workers can start),
+and one holding a sliver of a CPU deadlocks clusters: beside a 2-CPU worker on a 3-CPU node it
+leaves 0.99 CPU, and every Ray Data task asks for 1 (docs/TUNE.md).
 
 The corpus is read and cleaned once, on the search driver, materialised in the object store
 and handed to every trial: no trial re-reads it, and no trial needs CPUs for read tasks
@@ -36,7 +38,6 @@ from distributed_emb.data.corpus import collect_report, start_drop_counter, trai
 from distributed_emb.data.token_cache import searched_key_settings, token_shards
 from distributed_emb.resource_plan import (
     ClusterShape,
-    Extra,
     PlanError,
     ResourcePlan,
     cluster_from_ray,
@@ -51,7 +52,10 @@ from distributed_emb.tune.settings import SearchJobConfig, asha_budget
 
 log = logging.getLogger(__name__)
 
-DRIVER_CPU = 0.01  # each trial's driver: it only waits on the Train controller
+# Each trial's driver: a Python process that waits on its Train controller. Memory, not CPU:
+# any CPU share, however small, leaves its node short of the whole CPU a Ray Data task needs.
+DRIVER_MEMORY = 256 * 1024**2
+DRIVER_RESOURCES = {"cpu": 0, "memory": DRIVER_MEMORY}
 TRIALS_DIR = "trials"  # <output>/trials/<run name>/: a trial's run.log and metric sinks
 
 
@@ -121,12 +125,12 @@ def worker_bundles(
 def derive_max_concurrent_trials(
     cluster: dict[str, float], per_trial: dict[str, float], data_cpus: float = 0.0
 ) -> int:
-    """How many trials fit side by side: each takes its workers' CPUs (and GPUs) plus
-    DRIVER_CPU for its driver, after Ray Data's share (`train.data_cpus`, which feeds every
-    trial's workers). At least 1 (an autoscaling cluster grows on demand; on a fixed one the
-    search plan lowers the workers' reservations or fails naming the fix)."""
+    """How many trials fit side by side: each takes its workers' CPUs (and GPUs), after Ray
+    Data's share (`train.data_cpus`, which feeds every trial's workers); drivers take no CPU.
+    At least 1 (an autoscaling cluster grows on demand; on a fixed one the search plan lowers
+    the workers' reservations or fails naming the fix)."""
     room = cluster.get("CPU", 0) - data_cpus
-    fits = [math.floor(room / (per_trial["CPU"] + DRIVER_CPU) + 1e-9)]
+    fits = [math.floor(room / per_trial["CPU"] + 1e-9)]
     if per_trial["GPU"] > 0:
         fits.append(math.floor(cluster.get("GPU", 0) / per_trial["GPU"] + 1e-9))
     return max(1, min(fits))
@@ -136,8 +140,8 @@ def search_plan(
     base: TrainingConfig, space: dict[str, Distribution], cluster: ClusterShape, concurrent: int
 ) -> ResourcePlan:
     """One resource plan for `concurrent` trials side by side (docs/OPERATIONS.md, "Sizing a
-    cluster"): their Train workers at the largest searched shape, their drivers, and Ray
-    Data's share, which runs each trial's feeding stage (the corpus itself is read once,
+    cluster"): their Train workers at the largest searched shape and Ray Data's share (the
+    drivers take no CPU), which runs each trial's feeding stage (the corpus itself is read once,
     before any trial). Where only CPUs are short, the plan lowers each worker's reservation
     as it does for one training run, and every trial is built with that reservation."""
     configs = [config for _, _, config in _candidate_configs(base, space)]
@@ -148,7 +152,6 @@ def search_plan(
         any(c.train.use_gpu for c in configs),
         base.train.data_cpus,
         base.train.lower_cpus_to_fit,
-        [Extra("Tune trial drivers", concurrent, DRIVER_CPU)],
     )
 
 
@@ -251,7 +254,7 @@ def make_trainable(
     pretokenised: bool = False,
 ):
     """run_trial with the base config, the shared dataset and the plan's worker reservation
-    bound, on DRIVER_CPU."""
+    bound, its driver on DRIVER_RESOURCES."""
     trial_base = to_dict(base)
     trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
     trainable = ray_tune.with_parameters(
@@ -263,7 +266,7 @@ def make_trainable(
         worker_cpus=worker_cpus,
         pretokenised=pretokenised,
     )
-    return ray_tune.with_resources(trainable, {"cpu": DRIVER_CPU})
+    return ray_tune.with_resources(trainable, DRIVER_RESOURCES)
 
 
 def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: SearchPaths):
@@ -349,9 +352,9 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         raise PlanError(f"the search does not fit the cluster: {plan.problem}")
     worker_cpus = plan.worker_cpu if plan.lowered else None
     log.info(
-        "trials need %s each (+%.2f CPU driver%s); cluster %s → %d at a time",
+        "trials need %s each (+%d MiB for the driver%s); cluster %s → %d at a time",
         per_trial,
-        DRIVER_CPU,
+        DRIVER_MEMORY // 1024**2,
         f"; workers reserve {worker_cpus:g} CPU each" if worker_cpus else "",
         cluster,
         max_concurrent,

@@ -8,7 +8,7 @@ search's job lives, and every later trial waits for workers forever (Ray Train r
 worker-group start without limit, for autoscaling clusters).
 
 The janitor, a thread on the search driver, removes such groups: created by this job, shaped
-like a Train worker group (every bundle one worker's resources — a trial driver's 0.01-CPU
+like a Train worker group (every bundle one worker's resources — a trial driver's memory-only
 group never is), and holding no live actor at two sweeps in a row. Live Train runs always
 hold their worker actors (alive or being created) in their group, so they are never touched.
 """

@@ -25,12 +25,12 @@ DEFAULT_YAML = "jobs/configs/tune_default.yaml"
 @pytest.mark.parametrize(
     "cluster, per_trial, expected",
     [
-        # a trial is 2 workers × 1 CPU + 0.01 driver
-        ({"CPU": 4.0}, {"CPU": 2.0, "GPU": 0}, 1),
+        # a trial is 2 workers × 1 CPU; its driver reserves memory, no CPU
+        ({"CPU": 3.99}, {"CPU": 2.0, "GPU": 0}, 1),
+        ({"CPU": 4.0}, {"CPU": 2.0, "GPU": 0}, 2),
         ({"CPU": 5.0}, {"CPU": 2.0, "GPU": 0}, 2),
-        ({"CPU": 4.02}, {"CPU": 2.0, "GPU": 0}, 2),
         ({"CPU": 64.0, "GPU": 8.0}, {"CPU": 4.0, "GPU": 4.0}, 2),  # GPUs limit
-        ({"CPU": 8.0, "GPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}, 1),  # CPUs limit
+        ({"CPU": 7.99, "GPU": 8.0}, {"CPU": 4.0, "GPU": 1.0}, 1),  # CPUs limit
         ({"CPU": 1.0}, {"CPU": 2.0, "GPU": 0}, 1),  # never 0: an autoscaler may add nodes
     ],
 )
@@ -91,9 +91,9 @@ def test_worker_bundles_cover_every_searched_worker_shape():
 @pytest.mark.parametrize(
     "cluster, data_cpus, expected",
     [
-        ({"CPU": 5.0}, 1.0, 1),  # Ray Data's CPU first: 4 left, one 2.01-CPU trial
-        ({"CPU": 5.02}, 1.0, 2),
-        ({"CPU": 7.03}, 1.0, 3),
+        ({"CPU": 4.99}, 1.0, 1),  # Ray Data's CPU first: 3.99 left, one 2-CPU trial
+        ({"CPU": 5.0}, 1.0, 2),
+        ({"CPU": 7.0}, 1.0, 3),
         ({"CPU": 2.0}, 1.0, 1),  # never 0: the plan lowers the workers' reservations
     ],
 )
@@ -111,19 +111,18 @@ def test_the_default_search_fits_a_2_core_machine_by_lowering_worker_reservation
     base, space = _search()
     plan = search_plan(base, space, ClusterShape([Node(cpu=2.0)]), concurrent=1)
     assert plan.problem is None and plan.lowered
-    # 2 workers + 0.01 driver must leave one whole CPU for Ray Data on the only node.
-    assert plan.worker_cpu == pytest.approx(0.45)
-    assert 2 * plan.worker_cpu + 0.01 <= 1.0
-    assert "Tune trial drivers" in plan.table()
+    # 2 workers must leave one whole CPU for Ray Data on the only node (the driver takes none).
+    assert plan.worker_cpu == pytest.approx(0.5)
+    assert 2 * plan.worker_cpu <= 1.0
     # Every trial is built with the lowered reservation, and the janitor looks for it.
-    assert trial_worker_cpus(base, plan.worker_cpu) == pytest.approx(0.45)
-    assert worker_bundles(base, space, plan.worker_cpu) == [{"CPU": 0.45}]
+    assert trial_worker_cpus(base, plan.worker_cpu) == pytest.approx(0.5)
+    assert worker_bundles(base, space, plan.worker_cpu) == [{"CPU": 0.5}]
 
 
 def test_concurrent_trials_are_planned_together():
     base, space = _search()
     four_cpus = ClusterShape([Node(cpu=4.0)])
-    assert not search_plan(base, space, four_cpus, concurrent=1).lowered  # 2 + 0.01 + 1 ≤ 4
+    assert not search_plan(base, space, four_cpus, concurrent=1).lowered  # 2 + 1 ≤ 4
     two_side_by_side = search_plan(base, space, four_cpus, concurrent=2)
     assert two_side_by_side.lowered and two_side_by_side.workers == 4
 

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from distributed_emb.config import TrainingConfig
+from distributed_emb.tune.driver import DRIVER_RESOURCES
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -37,7 +38,7 @@ def test_only_an_abandoned_worker_group_is_freed_and_only_after_two_sweeps(ray_w
     worker = {"CPU": 0.25}
     abandoned = placement_group([worker, worker])  # its Train run died with its cleaner
     in_use = placement_group([worker, worker])
-    driver_shaped = placement_group([{"CPU": 0.01}])
+    driver_shaped = placement_group([{"memory": DRIVER_RESOURCES["memory"]}])
     ray.get([abandoned.ready(), in_use.ready(), driver_shaped.ready()], timeout=120)
 
     @ray.remote(num_cpus=0.25)

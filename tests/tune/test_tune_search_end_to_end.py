@@ -204,8 +204,8 @@ def test_asha_stopped_exactly_the_trials_its_rule_stops(search):
 
 
 def test_trials_ran_one_at_a_time_as_the_resources_allow(search):
-    """2 CPUs: Ray Data's 1, then 2 workers (lowered to 0.5 CPU each) + 0.01 per trial: one trial
-    at a time."""
+    """2 CPUs: Ray Data's 1, then 2 workers (lowered to 0.5 CPU each) per trial, the driver on
+    memory alone: one trial at a time."""
     assert search["summary"]["max_concurrent_trials"] == 1
     spans = sorted(
         (rows[0]["timestamp"] - rows[0]["time_this_iter_s"], rows[-1]["timestamp"])
