@@ -454,6 +454,13 @@ class LossConfig:
     mlm_weight: float = 0.0  # β
     mlm_probability: float = 0.15
     gather_negatives: bool = True  # negatives from every worker's batch (global batch)
+    # α, the weight of InfoNCE; 0 turns it off (plain distillation).
+    contrastive_weight: float = 1.0
+    # δ: mean squared error to a frozen teacher's vectors (losses/distillation.py), the plain
+    # way to shrink a model. The teacher (a model path or hub name) must share the student's
+    # tokenizer and width; the distilled vector is the exported one (no train-only MLP).
+    distill_weight: float = 0.0
+    distill_teacher: str | None = None
 
 
 @dataclass
@@ -629,6 +636,34 @@ class TrainingConfig:
         require_range(
             lo.mlm_probability, "loss.mlm_probability", 0, 1, low_open=True, high_open=True
         )
+        require_range(lo.contrastive_weight, "loss.contrastive_weight", 0)
+        require_range(lo.distill_weight, "loss.distill_weight", 0)
+        _require(
+            lo.contrastive_weight + lo.reconstruction_weight + lo.mlm_weight + lo.distill_weight
+            > 0,
+            "loss",
+            "every term has weight 0 (contrastive, reconstruction, mlm, distill): nothing to train",
+        )
+        if lo.distill_weight > 0:
+            _require(
+                lo.distill_teacher is not None,
+                "loss.distill_teacher",
+                "loss.distill_weight > 0 needs a teacher model (a path or hub name)",
+            )
+            require_model_dir(lo.distill_teacher, "loss.distill_teacher")
+            _require(
+                m.mlp_head != "train_only",
+                "model.mlp_head",
+                "train_only with loss.distill_weight > 0 would distil the MLP's output, which the "
+                "export drops; use none (or export)",
+            )
+        else:
+            _require(
+                lo.distill_teacher is None,
+                "loss.distill_teacher",
+                f"{lo.distill_teacher} is set but loss.distill_weight is 0: give the term a weight "
+                "or drop the teacher",
+            )
         require_range(t.num_workers, "train.num_workers", 1)
         require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
         require_range(t.batch_size, "train.batch_size", 2, why="in-batch negatives")

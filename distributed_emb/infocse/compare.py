@@ -1,4 +1,5 @@
-"""Side by side at equal budget: SimCSE, InforMin-CL, InfoCSE self- and teacher-annotated.
+"""Side by side at equal budget: SimCSE, InforMin-CL, InfoCSE self- and teacher-annotated,
+distillation from the teacher.
 
     python -m distributed_emb.infocse.compare --output runs/compare [key=value ...]
 
@@ -11,7 +12,9 @@ checkpoint selection (`training.*`). Arms (`--arms`, comma list):
 - `informin`: the same with InforMin-CL's reconstruction term (λ = `--informin-lambda`);
 - `infocse_self`: one InfoCSE round, pairs mined by the student itself;
 - `infocse_teacher`: one InfoCSE round, pairs mined by the teacher (`annotation.model`,
-  default "source": the uncut model).
+  default "source": the uncut model);
+- `distill`: the student on the same sentences, pulled onto the teacher's vectors (mean
+  squared error, no InfoNCE: losses/distillation.py), the obvious peer when shrinking a model.
 
 Every arm starts from the same student, trains `training.train.max_steps` steps of the same
 global batch, and keeps its best *trained* checkpoint by STS-B dev (the start is never a
@@ -47,7 +50,7 @@ from distributed_emb.train.trainer import run_training
 
 log = logging.getLogger(__name__)
 
-ARMS = ("infocse_teacher", "simcse", "informin", "infocse_self")
+ARMS = ("infocse_teacher", "simcse", "informin", "infocse_self", "distill")
 COLUMNS = (
     ("heldout_recall_at_1", "held R@1"),
     ("heldout_recall_at_5", "held R@5"),
@@ -85,16 +88,21 @@ def _sentences_file(dataset, path: Path) -> int:
     return count
 
 
-def _sentence_arm(config, student: str, sentences: Path, output: Path, weight: float) -> dict:
+def _sentence_arm(config, student: str, sentences: Path, output: Path, **loss) -> dict:
+    """The student trained on the training documents' sentences, with these loss settings."""
     training = copy.deepcopy(config.training)
     training.model.path = student
     training.data.path = str(sentences)
     training.data.kind = "sentences"
-    training.loss.reconstruction_weight = weight
+    for key, value in loss.items():
+        setattr(training.loss, key, value)
+    if training.loss.distill_weight > 0:
+        training.model.mlp_head = "none"  # the distilled vector is the exported one
     training.eval.start_is_candidate = False
     training.output.dir = str(output)
     training.output.run_name = f"compare-{output.name}"
     training.output.resume = "overwrite"
+    training.validate()
     result = run_training(training)
     return {"model_dir": result.model_dir, "steps": result.metrics.get("steps")}
 
@@ -129,9 +137,23 @@ def run_comparison(config, output: Path, arms: list[str], informin_lambda: float
     for arm in arms:
         started = time.perf_counter()
         if arm == "simcse":
-            row = _sentence_arm(config, student, sentences, output / arm, 0.0)
+            row = _sentence_arm(config, student, sentences, output / arm, reconstruction_weight=0.0)
         elif arm == "informin":
-            row = _sentence_arm(config, student, sentences, output / arm, informin_lambda)
+            row = _sentence_arm(
+                config, student, sentences, output / arm, reconstruction_weight=informin_lambda
+            )
+        elif arm == "distill":
+            row = _sentence_arm(
+                config,
+                student,
+                sentences,
+                output / arm,
+                contrastive_weight=0.0,
+                reconstruction_weight=0.0,
+                mlm_weight=0.0,
+                distill_weight=1.0,
+                distill_teacher=teacher,
+            )
         elif arm == "infocse_self":
             row = _infocse_arm(config, None, output / arm)
         else:

@@ -189,7 +189,9 @@ def cached_step(
     z1 = torch.cat(view1).requires_grad_()  # (B, d) leaf
     z2 = torch.cat(view2).requires_grad_()  # (B, d) leaf
     with engine.autocast():
-        loss, metrics = embedding_objective(z1, z2, weights, batch.get("groups"))
+        loss, metrics = embedding_objective(
+            z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors")
+        )
     grad_z1, grad_z2 = torch.autograd.grad(loss, [z1, z2])  # the gather's backward all-reduces
 
     # 3. Re-run each mini-batch with its dropout masks and push the cached gradients through.

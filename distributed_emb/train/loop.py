@@ -42,6 +42,7 @@ from distributed_emb.train.grad_cache import cached_step
 from distributed_emb.train.precision import resolve_precision
 from distributed_emb.train.progress import ProgressLog
 from distributed_emb.train.step import plain_step
+from distributed_emb.train.teacher import Teacher
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,9 @@ class WorkerRun:
             self.encoder, self._decided_precision(), self.total_steps, self.device
         )
         self.weights = ObjectiveWeights.from_config(config.loss)
+        # Distillation's frozen teacher (loss.distill_weight > 0): its vectors are each batch's
+        # targets, computed before the step (train/teacher.py).
+        self.teacher = Teacher(config, self.device) if config.loss.distill_weight > 0 else None
         self.accumulation = config.train.gradient_accumulation_steps
         self.step_fn = _step_function(config)
 
@@ -195,6 +199,8 @@ class WorkerRun:
                 break
             waited += wait
             started = time.perf_counter()
+            if self.teacher is not None:
+                batch["teacher_vectors"] = self.teacher(batch, self.engine.autocast)
             micro = state.batches_in_epoch % self.accumulation
             last_micro = micro == self.accumulation - 1
             metrics = self.step_fn(self.engine, batch, self.weights, sync=last_micro)

@@ -27,7 +27,9 @@ def forward_objective(
     )
     z, logits = outputs if use_mlm else (outputs, None)
     z1, z2 = _full_precision(z).chunk(2)  # (B, d) each
-    loss, metrics = embedding_objective(z1, z2, weights, batch.get("groups"))
+    loss, metrics = embedding_objective(
+        z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors")
+    )
     mlm = mlm_loss(_full_precision(logits), batch["mlm_labels"]) if use_mlm else None
     loss = add_mlm_term(loss, metrics, mlm, weights)
     metrics["loss"] = loss.detach()

@@ -37,6 +37,7 @@ from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
 from distributed_emb.train.progress import resolve_progress_bar
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
+from distributed_emb.train.teacher import check_teacher
 from distributed_emb.train.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,7 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
     layout = apply_layout(config.train)
     if layout is not None:
         log.info(layout)
+    check_teacher(config)  # a distillation teacher that cannot serve fails before Ray Train
     # Before any data or Ray work: an earlier run under this name is continued only when it
     # is this run (same settings) or the user said so (output.resume).
     run_name = prepare_run(config)
