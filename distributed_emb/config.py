@@ -457,9 +457,9 @@ class LossConfig:
     # α, the weight of InfoNCE; 0 turns it off (plain distillation).
     contrastive_weight: float = 1.0
     # δ: mean squared error to a frozen teacher's vectors (losses/distillation.py), the plain
-    # way to shrink a model. The teacher (a model path or hub name) must share the student's
-    # tokenizer and width; the distilled vector is the exported one (no train-only MLP).
+    # way to shrink a model; the distilled vector is the exported one (no train-only MLP).
     distill_weight: float = 0.0
+    # The teacher of δ: a model path or hub name sharing the student's tokenizer and width.
     distill_teacher: str | None = None
 
 
