@@ -44,7 +44,8 @@ def embedding_objective(
     teacher_vectors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The embedding terms α·L_C + λ·L_R + δ·L_D on (B, d) views (`teacher_vectors`: the
-    teacher's (B, d), needed when δ > 0); metrics stay tensors (no host sync)."""
+    teacher's (2B, d) vectors of the rows behind z1 then z2, needed when δ > 0); metrics stay
+    tensors (no host sync)."""
     loss = z1.new_zeros(())
     metrics = {}
     if weights.contrastive_weight > 0:  # α = 0: no gather, no similarity matrix
