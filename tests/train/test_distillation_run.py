@@ -86,7 +86,7 @@ def test_a_teacher_of_another_width_or_vocabulary_fails_before_ray(tmp_path, tin
 @pytest.mark.slow
 @pytest.mark.ray
 def test_distillation_pulls_the_student_onto_the_teacher(ray_local, tmp_path, tiny_bert_path):
-    """Teacher: the session's tiny BERT; student: another random tiny BERT of the same width.
+    """Teacher: the tiny BERT fixture; student: another random tiny BERT of the same width.
     After 8 steps the exported student's vectors are much nearer the teacher's than the
     start's (mean squared distance down by more than 30%), and the loss logged is the
     distillation term alone."""
