@@ -5,7 +5,8 @@ placement group of the job sits waiting for resources that never free (Ray Data 
 behind Train workers that hold every CPU; a worker group waiting for nodes that never come),
 and Ray waits forever. Every `poll_s` the watchdog asks Ray what is waiting:
 - tasks in PENDING_NODE_ASSIGNMENT and actors in PENDING_CREATION of this job (Ray's state
-  API; needs the dashboard, which `ray start` and `ray job submit` clusters have);
+  API; needs the dashboard, which `ray start` and `ray job submit` clusters have; a local
+  Ray started without one is not asked);
 - placement groups in PENDING (Ray Train's worker group; from the GCS, always available);
 and remembers since when each has waited. When one has waited `train.stall_timeout_s`, the
 watchdog logs what waits, for which resources, and what the cluster has free, then aborts the
@@ -63,8 +64,22 @@ def _fmt_resources(resources: dict) -> str:
     return ", ".join(f"{k}: {v:g}" for k, v in sorted(shown.items())) or "nothing"
 
 
-def pending_work(job_id: str | None, address: str | None) -> tuple[list[Waiting], str | None]:
-    """What waits for resources now; the second value says what could not be asked."""
+def state_api_served() -> bool:
+    """Whether this Ray serves its State API (the dashboard). A local Ray started without one
+    (a laptop run, cli.start_ray) does not: asking it would only fail, every poll."""
+    try:
+        from ray._private.worker import get_dashboard_url
+
+        return bool(get_dashboard_url())
+    except Exception:  # not knowable here: ask, and say so if the asking fails
+        return True
+
+
+def pending_work(
+    job_id: str | None, address: str | None, ask_state_api: bool = True
+) -> tuple[list[Waiting], str | None]:
+    """What waits for resources now; the second value says what could not be asked.
+    `ask_state_api` False: placement groups only (a Ray without the dashboard)."""
     found: list[Waiting] = []
     problems = []
     for pg_id, info in (ray.util.placement_group_table() or {}).items():
@@ -82,6 +97,8 @@ def pending_work(job_id: str | None, address: str | None) -> tuple[list[Waiting]
                     total,
                 )
             )
+    if not ask_state_api:
+        return found, None
     try:
         filters = [("state", "=", "PENDING_NODE_ASSIGNMENT")]
         if job_id:
@@ -130,7 +147,12 @@ class StallWatchdog:
             context = ray.get_runtime_context()
             job_id = context.get_job_id()
             address = getattr(context, "gcs_address", None)
-            self._probe = lambda: pending_work(job_id, address)
+            ask = state_api_served()
+            if not ask:
+                # Expected, not a problem: a local run's Ray has no dashboard; its stalls (a
+                # worker group that never fits) show as pending placement groups.
+                probe_log.info("stall watchdog: no dashboard; watching placement groups only")
+            self._probe = lambda: pending_work(job_id, address, ask_state_api=ask)
         self._thread = threading.Thread(target=self._run, name="stall-watchdog", daemon=True)
         self._thread.start()
         return self

@@ -386,3 +386,40 @@ def test_annotation_stall_timeout_is_validated():
     with pytest.raises(ValueError, match=r"annotation.stall_timeout_s: must be > 0 or null, got 0"):
         AnnotationConfig(stall_timeout_s=0).validate()
     AnnotationConfig(stall_timeout_s=None).validate()
+
+
+
+@pytest.mark.ray
+def test_a_local_ray_without_the_dashboard_is_not_asked_and_no_warning_is_shown(
+    caplog, monkeypatch
+):
+    # A laptop run starts Ray without the dashboard (cli.start_ray): its State API cannot
+    # answer, which is expected there, so the watchdog watches placement groups only and says
+    # so at INFO, instead of warning about a failed connection in every run.
+    import ray
+
+    from distributed_emb.train import watchdog
+
+    asked = []
+    original = watchdog.pending_work
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("ask_state_api", True))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(watchdog, "pending_work", recording)
+    ray.shutdown()
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    try:
+        assert not watchdog.state_api_served()
+        with caplog.at_level("INFO", logger="distributed_emb.train.watchdog"):
+            with StallWatchdog(60.0, poll_s=0.05, interrupt=pytest.fail):
+                deadline = time.monotonic() + 30
+                while len(asked) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+    finally:
+        ray.shutdown()
+    assert len(asked) >= 2 and not any(asked)
+    ours = [r for r in caplog.records if r.name.startswith("distributed_emb.train.watchdog")]
+    assert [r.getMessage() for r in ours if r.levelname == "WARNING"] == []
+    assert any("no dashboard" in r.getMessage() for r in ours)
