@@ -388,7 +388,6 @@ def test_annotation_stall_timeout_is_validated():
     AnnotationConfig(stall_timeout_s=None).validate()
 
 
-
 @pytest.mark.ray
 def test_a_local_ray_without_the_dashboard_is_not_asked_and_no_warning_is_shown(
     caplog, monkeypatch
