@@ -36,11 +36,17 @@ WORKER_SETUP_HOOK = "distributed_emb.tracking.quiet_worker_setup"
 # - HF_HUB_OFFLINE: no hub access at run time unless the user opts in (HF_HUB_OFFLINE=0);
 # - TOKENIZERS_PARALLELISM: one thread per tokenising process, which Ray already runs many of;
 # - HF_HUB_DISABLE_PROGRESS_BARS: no "Loading weights" bar each time a Train worker, Tune
-#   trial or annotation actor loads the model (transformers reads it at import).
+#   trial or annotation actor loads the model (transformers reads it at import);
+# - RAY_DATA_PARQUET_FOOTER_NUM_ACTORS: Ray Data (2.60) lists the files of every read_parquet
+#   (the token cache, data/token_cache.py) through a pool of footer-reading actors, 32 new
+#   worker processes per read however few the files. A search's one-file token cache took 97 s
+#   to list on a 2-core cluster while they started, against 3 s with 2; two actors, each with
+#   Ray's 128 concurrent reads, still list thousands of object-store files in parallel.
 ENVIRONMENT_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2",
 }
 
 
@@ -203,6 +209,12 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
         # cleaner) turns Data progress bars off and says a repeated Ray warning once.
         runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
     if address:
+        if address != "auto" and "://" not in address and "RAY_ADDRESS" not in job_env_vars:
+            # Ray Train's placement-group cleaner asks the State API whether the run's
+            # controller lives; without RAY_ADDRESS a worker guesses the cluster from the
+            # machine's latest local Ray, and where the machine runs another Ray instance it
+            # asks that one, is told "no such actor", and removes the live run's workers.
+            runtime_env["env_vars"]["RAY_ADDRESS"] = address
         ray.init(address=address, runtime_env=runtime_env)
         return
     # The machine's own cores: the resource plan (resource_plan.py, run by run_training) leaves

@@ -113,6 +113,26 @@ def test_start_ray_sets_the_worker_setup_hook(monkeypatch):
     hook = captured["runtime_env"]["worker_process_setup_hook"]
     module, _, function = hook.rpartition(".")
     assert getattr(sys.modules[module], function) is tracking.quiet_worker_setup
+    # The joined cluster's address reaches every worker: Ray Train's placement-group cleaner
+    # would otherwise ask whichever Ray instance the machine started last.
+    assert captured["address"] == "127.0.0.1:1"
+    assert captured["runtime_env"]["env_vars"]["RAY_ADDRESS"] == "127.0.0.1:1"
+
+
+def test_a_job_that_sets_ray_address_itself_is_not_given_it_twice(monkeypatch):
+    # Ray refuses a driver runtime env that sets again a variable the job's runtime env sets.
+    import ray
+
+    from distributed_emb import cli
+
+    captured = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: captured.update(kwargs))
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    job = {"runtime_env": {"env_vars": {"RAY_ADDRESS": "127.0.0.1:1"}}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    cli.start_ray(load_config(TrainingConfig, None, []))
+    assert "RAY_ADDRESS" not in captured["runtime_env"]["env_vars"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -173,6 +173,26 @@ def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert
 
 
 @pytest.mark.ray
+def test_reading_the_shards_starts_two_footer_actors_not_thirty_two(
+    ray_local, tmp_path, tiny_bert_path
+):
+    # Ray Data lists a Parquet read through footer-reading actors, by default 32 new worker
+    # processes per read however few the files; the jobs' environment defaults (cli.py, set in
+    # every test process by conftest.py as in every job) keep that to 2.
+    from ray._private.state import actors
+
+    assert os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "2"
+
+    def footer_readers() -> int:
+        return sum(a.get("ActorClassName") == "FooterReader" for a in actors().values())
+
+    shards = token_shards(_config(_corpus(tmp_path, 50), tiny_bert_path, tmp_path / "cache"))
+    before = footer_readers()
+    assert len(shards.dataset().take_all()) == 50
+    assert footer_readers() - before == 2
+
+
+@pytest.mark.ray
 def test_a_writer_that_dies_before_its_commit_is_never_reused(
     ray_local, tmp_path, tiny_bert_path, monkeypatch
 ):
