@@ -47,7 +47,12 @@ from distributed_emb.train.loop import DEV_METRIC, plan_steps
 from distributed_emb.train.trainer import build_trainer, worker_resources
 from distributed_emb.train.watchdog import no_silent_stall
 from distributed_emb.tune.janitor import PlacementGroupJanitor
-from distributed_emb.tune.search_space import Distribution, apply_params, param_space
+from distributed_emb.tune.search_space import (
+    Distribution,
+    apply_params,
+    grid_size,
+    param_space,
+)
 from distributed_emb.tune.settings import SearchJobConfig, asha_budget
 
 log = logging.getLogger(__name__)
@@ -123,16 +128,23 @@ def worker_bundles(
 
 
 def derive_max_concurrent_trials(
-    cluster: dict[str, float], per_trial: dict[str, float], data_cpus: float = 0.0
+    cluster: dict[str, float],
+    per_trial: dict[str, float],
+    data_cpus: float = 0.0,
+    total_trials: int | None = None,
 ) -> int:
     """How many trials fit side by side: each takes its workers' CPUs (and GPUs), after Ray
     Data's share (`train.data_cpus`, which feeds every trial's workers); drivers take no CPU.
     At least 1 (an autoscaling cluster grows on demand; on a fixed one the search plan lowers
-    the workers' reservations or fails naming the fix)."""
+    the workers' reservations or fails naming the fix), at most `total_trials`: a plan for
+    more trials than the search has lowered every worker's reservation (2 → 1.5 CPU for a
+    2-trial search on 9 CPUs) to fit trials that never come."""
     room = cluster.get("CPU", 0) - data_cpus
     fits = [math.floor(room / per_trial["CPU"] + 1e-9)]
     if per_trial["GPU"] > 0:
         fits.append(math.floor(cluster.get("GPU", 0) / per_trial["GPU"] + 1e-9))
+    if total_trials is not None:
+        fits.append(total_trials)
     return max(1, min(fits))
 
 
@@ -330,8 +342,9 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
 
     cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
     per_trial = resources_per_trial(base, space)
-    derived = derive_max_concurrent_trials(cluster, per_trial, base.train.data_cpus)
-    max_concurrent = config.tune.max_concurrent_trials or derived
+    total_trials = config.tune.num_samples * grid_size(space)
+    derived = derive_max_concurrent_trials(cluster, per_trial, base.train.data_cpus, total_trials)
+    max_concurrent = min(config.tune.max_concurrent_trials or derived, total_trials)
     if max_concurrent > derived:
         log.warning(
             "tune.max_concurrent_trials=%d but the cluster (%s) fits %d trials of %s: the "

@@ -102,6 +102,19 @@ def test_ray_datas_share_comes_before_concurrent_trials(cluster, data_cpus, expe
     assert derive_max_concurrent_trials(cluster, per_trial, data_cpus) == expected
 
 
+def test_never_more_trials_side_by_side_than_the_search_has():
+    # 9 CPUs fit four 2-CPU trials after Ray Data's CPU, but a 2-trial search runs 2: planned
+    # for 4, every worker's reservation was lowered to 1.5 CPU for trials that never come.
+    per_trial = {"CPU": 2.0, "GPU": 0}
+    assert derive_max_concurrent_trials({"CPU": 9.0}, per_trial, 1.0) == 4
+    assert derive_max_concurrent_trials({"CPU": 9.0}, per_trial, 1.0, total_trials=2) == 2
+    base, space = _search("train.num_workers=1", "train.cpus_per_worker=2")
+    three_nodes = ClusterShape([Node(cpu=0.0)] + [Node(cpu=3.0)] * 3)
+    assert search_plan(base, space, three_nodes, concurrent=4).lowered
+    plan = search_plan(base, space, three_nodes, concurrent=2)
+    assert not plan.lowered and plan.worker_cpu == 2.0
+
+
 def _search(*overrides):
     config = load_config(SearchJobConfig, DEFAULT_YAML, list(overrides))
     return config.base(), config.space()
