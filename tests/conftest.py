@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-# Offline and out of $HOME before anything imports transformers or deepspeed.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Offline and out of $HOME before anything imports transformers or deepspeed. The jobs' own
+# environment defaults (cli.ENVIRONMENT_DEFAULTS: hub offline, one tokenizer thread, Ray
+# Data's footer actors...) are set when cli is imported, which imports none of those, so
+# that tests that start Ray or read data themselves run as a job does.
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-# The jobs' own environment defaults (cli.py sets them at import), so that tests that start
-# Ray or read data themselves run as a job does.
 import distributed_emb.cli  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[1]
