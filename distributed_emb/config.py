@@ -528,6 +528,9 @@ class EvalConfig:
     # it? True for a single run (never ship worse than the start); InfoCSE rounds set False:
     # a round's model is what its training produced, and the rounds compare it with the start.
     start_is_candidate: bool = True
+    # Score the starting model (step 0) before training. InfoCSE rounds and the side-by-side
+    # arms set False: their start was scored already, and the pass is a whole dev evaluation.
+    score_start: bool = True
 
 
 @dataclass

@@ -99,6 +99,7 @@ def _sentence_arm(config, student: str, sentences: Path, output: Path, **loss) -
     if training.loss.distill_weight > 0:
         training.model.mlp_head = "none"  # the distilled vector is the exported one
     training.eval.start_is_candidate = False
+    training.eval.score_start = False  # the start is scored outside this training
     training.output.dir = str(output)
     training.output.run_name = f"compare-{output.name}"
     training.output.resume = "overwrite"

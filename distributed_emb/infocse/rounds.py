@@ -43,12 +43,12 @@ from distributed_emb.evaluation.document_retrieval import (
 )
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
-from distributed_emb.evaluation.sts import read_stsb, stsb_score
+from distributed_emb.evaluation.sts import read_stsb, sts_spearman, stsb_score
 from distributed_emb.infocse.annotate import annotate_documents
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.pairs import arrange_pairs, pair_overlap, read_pairs
 from distributed_emb.infocse.student import build_layer_student
-from distributed_emb.model.embedder import Embedder
+from distributed_emb.model.embedder import Embedder, EmbeddingLookup
 from distributed_emb.model.sentence_transformer import (
     is_sentence_transformer_dir,
     load_sentence_transformer,
@@ -104,12 +104,14 @@ def evaluate_dev(
         max_seq_length=training.model.max_seq_length,
         device="cpu",
     )
-    dev_split = ("dev", training.eval.senteval_dir, training.eval.max_pairs)
+    dev = read_stsb("dev", training.eval.senteval_dir, training.eval.max_pairs)
+    # The retrieval set is made of STS-B dev sentences: each is embedded once, for both.
+    dev_embeddings = EmbeddingLookup.encode_all(dev.sentences1 + dev.sentences2, embedder.embed)
     retrieval = evaluate_retrieval(
-        embedder.embed, sts_retrieval_task(read_stsb(*dev_split), config.rounds.retrieval_threshold)
+        dev_embeddings, sts_retrieval_task(dev, config.rounds.retrieval_threshold)
     )
     scores = {
-        "stsb_dev": stsb_score(embedder.embed, *dev_split),
+        "stsb_dev": sts_spearman(dev_embeddings, dev),
         "retrieval_mrr": retrieval["mrr"],
         "retrieval_recall_at_1": retrieval["recall@1"],
     }
@@ -166,6 +168,7 @@ def _train(
     # model it started from: the next round re-annotates with it, and run_rounds decides
     # (patience) and exports the best of all rounds, the initial model included.
     training.eval.start_is_candidate = False
+    training.eval.score_start = False  # the start is scored outside this training
     for section_key, value in (overrides or {}).items():
         section, key = section_key.split(".")
         setattr(getattr(training, section), key, value)

@@ -84,7 +84,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     """What every Ray Train worker runs: set up (or restore), score the start, train epoch by
     epoch until the planned steps are done, close."""
     run = WorkerRun(loop_config)
-    if run.state.step == 0 and not run.state.history:
+    if run.state.step == 0 and not run.state.history and run.config.eval.score_start:
         run.evaluate_and_report()  # the starting point, so a run shows whether training helped
     while run.wants_another_epoch():
         run.train_epoch()

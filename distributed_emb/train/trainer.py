@@ -202,6 +202,8 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         with best.as_directory() as directory:
             model_dir = export_checkpoint(config, directory, str(output / "model"))
     first, last = (history[0], history[-1]) if history else ({}, {})
+    if first.get("step") != 0:  # eval.score_start=false: the start was not scored here
+        first = {}
     trained = [row for row in history if row.get("step", 0) > 0]
     candidates = history if config.eval.start_is_candidate else trained
     best_row = max(candidates, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})

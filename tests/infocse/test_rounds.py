@@ -85,6 +85,14 @@ def test_two_rounds_annotate_train_and_export_the_best(
     assert (tmp_path / "out" / "rounds.png").read_bytes()[:4] == b"\x89PNG"
     round_log = (tmp_path / "out" / "round_1" / "train" / "run.log").read_text()
     assert "step 2/2 STS-B dev Spearman" in round_log
+    # A round's start is the previous round's model, scored by the rounds already: its
+    # training does not score it again (eval.score_start=false), it evaluates trained steps only.
+    train_metrics = json.loads(
+        (tmp_path / "out" / "round_1" / "train" / "metrics.json").read_text()
+    )
+    assert [row["step"] for row in train_metrics["history"]] == [2]
+    assert train_metrics["stsb_dev_before"] is None
+    assert "step 0/2 STS-B dev" not in round_log
 
 
 def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_path):
