@@ -248,11 +248,14 @@ def annotate_documents(
     output_dir: str,
     round_index: int = 0,
     config: AnnotationConfig | None = None,
+    reserve_cpus: bool = True,
 ) -> AnnotationResult:
     """Annotate a Ray Dataset of ``{doc_id, sentences}`` with a pool of model-holding actors.
 
     Writes the pairs to Parquet files under `output_dir` (which must be new or empty) and
     returns the counts. Uses the running Ray instance (or starts a local one).
+    `reserve_cpus=False`: the actors reserve no CPU (annotation that overlaps training,
+    infocse/overlap.py: the CPUs Ray could give are held by the Train workers and Ray Data).
     """
     config = config or AnnotationConfig()
     config.validate()
@@ -260,7 +263,7 @@ def annotate_documents(
     if not ray.is_initialized():
         ray.init()
     cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
-    num_cpus = config.num_cpus_per_actor
+    num_cpus = config.num_cpus_per_actor if reserve_cpus else 0.0
     if num_cpus is None:
         num_cpus = default_cpus_per_actor(config.concurrency, cluster_cpus)
     # Fit or fail before any actor starts: actors that leave Ray Data no whole CPU for the

@@ -32,6 +32,10 @@ class RoundsConfig:
     # the annotation's Parquet shards as a stream (same-document negatives are still masked),
     # for corpora whose pairs do not fit one process.
     arrange_pairs: bool = True
+    # Mine the next round's pairs while this round trains, with its best checkpoint so far
+    # (infocse/overlap.py); the next round uses the pairs of the checkpoint it keeps, else the
+    # freshest ones. Not with InfoCSE++ (its rounds annotate with the supervised model).
+    overlap: bool = False
 
 
 @dataclass
@@ -93,6 +97,12 @@ class InfoCSEConfig:
         # STS-B / SICK gold scores run from 0 to 5: a threshold outside selects all or nothing.
         require_range(r.retrieval_threshold, "rounds.retrieval_threshold", 0, 5)
         _require(s.source in ("stsb", "sick"), "supervised.source", "must be 'stsb' or 'sick'")
+        _require(
+            not (r.overlap and s.enabled),
+            "rounds.overlap",
+            "cannot be used with supervised.enabled: InfoCSE++ annotates each round with the "
+            "supervised model, which exists only after the round's training",
+        )
         require_range(s.score_threshold, "supervised.score_threshold", 0, 5)
         require_range(s.max_steps, "supervised.max_steps", 1)
         require_range(s.learning_rate, "supervised.learning_rate", 0, low_open=True)

@@ -27,6 +27,7 @@ import copy
 import json
 import logging
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
+from distributed_emb.config import TrainingConfig
 from distributed_emb.data.documents import read_documents
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
@@ -44,8 +46,14 @@ from distributed_emb.evaluation.document_retrieval import (
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.evaluation.sts import read_stsb, sts_spearman, stsb_score
-from distributed_emb.infocse.annotate import annotate_documents
+from distributed_emb.infocse.annotate import AnnotationResult, annotate_documents
 from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.overlap import (
+    NextRoundAnnotator,
+    PairVersion,
+    PairVersions,
+    follow_training,
+)
 from distributed_emb.infocse.pairs import arrange_pairs, pair_overlap, read_pairs
 from distributed_emb.infocse.student import build_layer_student
 from distributed_emb.model.embedder import Embedder, EmbeddingLookup
@@ -55,7 +63,7 @@ from distributed_emb.model.sentence_transformer import (
 )
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.tracking import MetricsSinks, Panel, write_panels
-from distributed_emb.train.trainer import run_training
+from distributed_emb.train.trainer import export_checkpoint, run_training
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +96,12 @@ class RoundRecord:
     heldout_recall_at_5: float | None = None
     heldout_recall_at_10: float | None = None
     stsb_test: float | None = None  # rounds.stsb_test: reported, never used to choose
+    # rounds.overlap: the previous round's training step whose checkpoint mined this round's
+    # pairs while that training ran (None: mined after it, as sequential rounds do). Then
+    # annotate_s is only the wait for them once that round was done; overlapped_annotate_s is
+    # the annotation's own time.
+    mined_at_step: int | None = None
+    overlapped_annotate_s: float | None = None
 
 
 def evaluate_dev(
@@ -147,9 +161,25 @@ def _train(
     output_dir: str,
     overrides: dict | None = None,
     shuffle: bool = False,
+    callbacks: list | None = None,
 ):
     """One core-trainer run on a pairs Parquet file, starting from `model_dir`."""
+    training = _training_config(config, model_dir, pairs_path, output_dir, overrides, shuffle)
+    # The training's step and evaluation lines go to its own run.log (rank 0 writes it).
+    log.info("%s: training, step lines in %s", training.output.run_name,
+             Path(output_dir) / "run.log")  # fmt: skip
+    return run_training(training, callbacks=callbacks)
 
+
+def _training_config(
+    config: InfoCSEConfig,
+    model_dir: str,
+    pairs_path: str,
+    output_dir: str,
+    overrides: dict | None = None,
+    shuffle: bool = False,
+) -> TrainingConfig:
+    """The core trainer's config for one round's training on `pairs_path` from `model_dir`."""
     training = copy.deepcopy(config.training)
     training.model.path = model_dir
     training.data.path = pairs_path
@@ -172,10 +202,7 @@ def _train(
     for section_key, value in (overrides or {}).items():
         section, key = section_key.split(".")
         setattr(getattr(training, section), key, value)
-    # The training's step and evaluation lines go to its own run.log (rank 0 writes it).
-    log.info("%s: training, step lines in %s", training.output.run_name,
-             Path(output_dir) / "run.log")  # fmt: skip
-    return run_training(training)
+    return training
 
 
 def _base_run_name(config: InfoCSEConfig) -> str:
@@ -252,6 +279,8 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
     best = records[0]
     current_model, previous_pairs, rounds_without_gain = initial, None, 0
     annotation_config = _with_fixed_length(config.annotation, initial)
+    prepared: PairVersion | None = None  # this round's pairs, mined while the last one trained
+    waited_since = 0.0
 
     for index in range(1, config.rounds.max_rounds + 1):
         round_dir = output / f"round_{index}"
@@ -259,13 +288,16 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             shutil.rmtree(round_dir)  # a rerun of the same output dir starts the round afresh
         round_dir.mkdir(parents=True)
         by_teacher = teacher is not None and index <= config.annotation.teacher_rounds
-        annotation = annotate_documents(
-            documents,
-            teacher if by_teacher else current_model,
-            str(round_dir / "pairs"),
-            index,
-            annotation_config,
-        )
+        if prepared is not None:
+            annotation = _adopt_version(prepared, round_dir / "pairs", waited_since)
+        else:
+            annotation = annotate_documents(
+                documents,
+                teacher if by_teacher else current_model,
+                str(round_dir / "pairs"),
+                index,
+                annotation_config,
+            )
         pairs, overlap = None, None
         if config.rounds.arrange_pairs:
             pairs_path = round_dir / "pairs_arranged.parquet"
@@ -279,10 +311,23 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
                 overlap = pair_overlap(previous_pairs, pairs).jaccard
         else:
             pairs_path = round_dir / "pairs"  # the annotation's Parquet shards, streamed
-        result = _train(
-            config, current_model, str(pairs_path), str(round_dir / "train"),
-            shuffle=not config.rounds.arrange_pairs,
-        )  # fmt: skip
+        training_args = (config, current_model, str(pairs_path), str(round_dir / "train"))
+        shuffle = not config.rounds.arrange_pairs
+        follower = None
+        if _overlaps(config, index, teacher):
+            follower = _follow_training(
+                config, documents, annotation_config, index, round_dir,
+                _training_config(*training_args, shuffle=shuffle),
+                _next_round_follows(config, best.stsb_dev, rounds_without_gain),
+            )  # fmt: skip
+        try:
+            result = _train(
+                *training_args, shuffle=shuffle, callbacks=[follower.feed] if follower else None
+            )
+        except BaseException:
+            if follower is not None:
+                follower.close(timeout_s=0)
+            raise
         record = RoundRecord(
             index,
             "infocse",
@@ -293,6 +338,8 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             overlap_with_previous=overlap,
             annotate_s=round(annotation.wall_seconds, 1),
             annotated_by="teacher" if by_teacher else "self",
+            mined_at_step=prepared.step if prepared is not None else None,
+            overlapped_annotate_s=prepared.annotate_s if prepared is not None else None,
             **_training_fields(result.metrics),
             **_dev_fields(evaluate_dev(result.model_dir, config, heldout)),
         )
@@ -302,7 +349,7 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             record = _supervised_round(config, index, result.model_dir, round_dir, heldout)
             records.append(record)
             _print_row(record, sinks)
-        current_model, previous_pairs = record.model_dir, pairs
+        current_model, previous_pairs, prepared = record.model_dir, pairs, None
         if record.stsb_dev > best.stsb_dev + config.rounds.min_improvement:
             best, rounds_without_gain = record, 0
         else:
@@ -313,12 +360,79 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
                     best.stsb_dev,
                     best.round,
                 )
+                if follower is not None:
+                    follower.close(timeout_s=0)  # its pairs are not needed: do not wait
                 break
+        if follower is not None:
+            # After the round's own evaluation, which the annotation overlapped too.
+            waited_since = time.perf_counter()
+            prepared = follower.finish(result.metrics.get("best_step"))
         _save(records, best, output)
 
     _export_best(best, output, config)
     _save(records, best, output)
     return records
+
+
+def _overlaps(config: InfoCSEConfig, index: int, teacher: str | None) -> bool:
+    """Does round `index` mine the next round's pairs while it trains (rounds.overlap)? Only
+    when a next round exists and is annotated by the model being trained."""
+    next_by_teacher = teacher is not None and index + 1 <= config.annotation.teacher_rounds
+    return config.rounds.overlap and index < config.rounds.max_rounds and not next_by_teacher
+
+
+def _follow_training(
+    config: InfoCSEConfig,
+    documents,
+    annotation_config,
+    index: int,
+    round_dir: Path,
+    training: TrainingConfig,
+    worth_mining,
+) -> NextRoundAnnotator:
+    """Start mining round index+1's pairs with round `index`'s best checkpoint so far, as its
+    training registers checkpoints (infocse/overlap.py), into `round_dir/next_round_pairs`."""
+
+    def mine(report, directory: Path):
+        with report.checkpoint.as_directory() as checkpoint_dir:
+            model_dir = export_checkpoint(training, checkpoint_dir, str(directory / "model"))
+        result = annotate_documents(
+            documents, model_dir, str(directory / "pairs"), index + 1, annotation_config,
+            reserve_cpus=False,
+        )  # fmt: skip
+        return str(directory / "pairs"), result.counts
+
+    return follow_training(PairVersions(round_dir / "next_round_pairs"), mine, worth_mining)
+
+
+def _next_round_follows(config: InfoCSEConfig, best_dev: float, rounds_without_gain: int):
+    """Would a next round run if this round's model were the checkpoint reported? The
+    stopping rule of run_rounds applied to the in-training STS-B dev, which scores the same
+    pairs as the round's evaluation when training.eval.max_pairs is unset; with a subset it is
+    not comparable, and every report is worth mining."""
+    r = config.rounds
+    if config.training.eval.max_pairs is not None or rounds_without_gain + 1 < r.patience:
+        return lambda report: True
+    return lambda report: report.stsb_dev > best_dev + r.min_improvement
+
+
+def _adopt_version(version: PairVersion, target: Path, waited_since: float) -> AnnotationResult:
+    """Move a version's pairs to the round's `pairs/` (the layout every round has) and drop
+    the other versions and their exported models; the choice is recorded beside the pairs."""
+    versions_root = Path(version.pairs_dir).parent.parent
+    shutil.move(version.pairs_dir, target)
+    write_text_atomic(
+        target.parent / "pairs_source.json",
+        json.dumps({"mined_at_step": version.step, "stsb_dev": version.stsb_dev,
+                    "annotate_s": version.annotate_s, "from": str(versions_root)}),
+    )  # fmt: skip
+    shutil.rmtree(versions_root, ignore_errors=True)
+    waited = time.perf_counter() - waited_since
+    log.warning(
+        "pairs mined while the previous round trained, with its step %d (%.0f s of annotation, "
+        "%.0f s waited for after it)", version.step, version.annotate_s, waited,
+    )  # fmt: skip
+    return AnnotationResult(version.counts, waited, str(target))
 
 
 def _supervised_round(
@@ -464,7 +578,7 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None
 HEADER = (
     f"{'round':>5} {'stage':>10} {'annot by':>8} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
     f"{'MRR':>6} {'R@1':>6} {'held MRR':>8} {'held R@1':>8} {'held R@10':>9} {'STS-B test':>10} "
-    f"{'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7}"
+    f"{'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7} {'mined at':>8}"
 )
 
 
@@ -480,7 +594,8 @@ def format_row(r: RoundRecord) -> str:
         f"{r.stsb_dev:>9.2f} {r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} "
         f"{_cell(r.heldout_mrr, 8)} {_cell(r.heldout_recall_at_1, 8)} "
         f"{_cell(r.heldout_recall_at_10, 9)} {_cell(r.stsb_test, 10)} {r.train_steps:>5} "
-        f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f}"
+        f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f} "
+        f"{'-' if r.mined_at_step is None else r.mined_at_step:>8}"
     )
 
 

@@ -155,8 +155,11 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     )
 
 
-def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> TrainingResult:
-    """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json."""
+def run_training(
+    config: TrainingConfig, dataset=None, corpus_report=None, callbacks: list | None = None
+) -> TrainingResult:
+    """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json.
+    `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
     # Absolute: Train workers write their logs there, whatever their working directory.
     config.output.dir = str(Path(config.output.dir).resolve())
@@ -185,8 +188,8 @@ def run_training(config: TrainingConfig, dataset=None, corpus_report=None) -> Tr
         num_rows = count_rows(config, dataset)
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
     trainer = build_trainer(
-        config, dataset, num_rows, run_name, pretokenised=shards is not None,
-        **planned_worker_cpus(config),
+        config, dataset, num_rows, run_name, callbacks=callbacks,
+        pretokenised=shards is not None, **planned_worker_cpus(config),
     )  # fmt: skip
     result = _fit_watched(trainer, config)
     if result.error is not None:

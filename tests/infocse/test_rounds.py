@@ -272,3 +272,66 @@ def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_uns
     assert key(round_1) == key(expected)
     round_2 = read_pairs(str(tmp_path / "out" / "round_2" / "pairs"))
     assert not {r["doc_id"] for r in round_1 + round_2} & held
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_overlapped_annotation_mines_the_next_rounds_pairs_with_the_kept_checkpoint(
+    ray_local, tmp_path, tiny_bert_path, shared_data_dir
+):
+    """rounds.overlap=true under Ray Train: round 1's registered checkpoint reaches the driver
+    through the Train controller's callback, round 2's pairs are mined with it while round 1
+    finishes, and they are exactly the pairs round 1's model mines after training (a
+    single-process reference), as sequential rounds would have them."""
+    from distributed_emb.data.documents import read_documents_locally
+    from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
+    from distributed_emb.infocse.pairs import read_pairs
+    from distributed_emb.infocse.rounds import run_rounds
+
+    # One trained evaluation per round (step 2 of 2): the kept step is the one mined.
+    config = _config(
+        tmp_path, tiny_bert_path, shared_data_dir, ["rounds.overlap=true", "heldout.fraction=0"]
+    )
+    records = run_rounds(config)
+    assert [(r.round, r.mined_at_step) for r in records] == [(0, None), (1, None), (2, 2)]
+    assert records[1].kept_step == 2
+    assert records[2].overlapped_annotate_s > 0 and records[2].pairs > 0
+    out = tmp_path / "out"
+    assert not (out / "round_1" / "next_round_pairs").exists()  # the versions were cleared
+    source = json.loads((out / "round_2" / "pairs_source.json").read_text())
+    assert source["mined_at_step"] == 2
+
+    training, _ = read_documents_locally(config.documents, log=False)  # what round 2 annotated
+    annotation = AnnotationConfig(pooler="mean", max_seq_length=32)
+    expected, reference = annotate_documents_locally(
+        training, records[1].model_dir, round_index=2, config=annotation
+    )
+
+    def key(rows):
+        return sorted((r["doc_id"], r["anchor"], r["positive"], r["round"]) for r in rows)
+
+    assert key(read_pairs(str(out / "round_2" / "pairs"))) == key(expected)
+    assert records[2].pairs == reference.counts.pairs
+    table = (out / "rounds.md").read_text().splitlines()
+    assert "mined at" in table[0] and table[3].split()[-1] == "2"
+
+
+def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
+    tmp_path, tiny_bert_path, shared_data_dir
+):
+    from distributed_emb.infocse.overlap import Report
+    from distributed_emb.infocse.rounds import _next_round_follows
+
+    config = _config(tmp_path, tiny_bert_path, shared_data_dir, ["training.eval.max_pairs=null"])
+    worse, better = Report(20, 80.0, None), Report(20, 86.0, None)
+    # patience 2: after a first round without gain the next round runs whatever the score.
+    assert _next_round_follows(config, 85.0, rounds_without_gain=0)(worse)
+    # One round without gain already: only a new best lets another round run.
+    follows = _next_round_follows(config, 85.0, rounds_without_gain=1)
+    assert follows(better) and not follows(worse)
+    # An in-training dev on a subset of STS-B dev is not comparable: every report is mined.
+    subset = _config(tmp_path, tiny_bert_path, shared_data_dir)  # training.eval.max_pairs=64
+    assert _next_round_follows(subset, 85.0, rounds_without_gain=1)(worse)
+    with pytest.raises(ConfigError, match=r"rounds\.overlap"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir,
+                ["rounds.overlap=true", "supervised.enabled=true"])  # fmt: skip
