@@ -236,7 +236,9 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
     from distributed_emb.infocse import rounds
 
     names = []
-    monkeypatch.setattr(rounds, "run_training", lambda config: names.append(config.output))
+    monkeypatch.setattr(
+        rounds, "run_training", lambda config, callbacks=None: names.append(config.output)
+    )
     config = InfoCSEConfig(output_dir=str(tmp_path / "infocse"))
     config.training.output.storage_path = str(tmp_path / "storage")
     for index in (1, 2):
