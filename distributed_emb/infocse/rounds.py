@@ -154,20 +154,11 @@ def _with_fixed_length(annotation, initial_model: str):
     return fixed
 
 
-def _train(
-    config: InfoCSEConfig,
-    model_dir: str,
-    pairs_path: str,
-    output_dir: str,
-    overrides: dict | None = None,
-    shuffle: bool = False,
-    callbacks: list | None = None,
-):
-    """One core-trainer run on a pairs Parquet file, starting from `model_dir`."""
-    training = _training_config(config, model_dir, pairs_path, output_dir, overrides, shuffle)
+def _train(training: TrainingConfig, callbacks: list | None = None):
+    """One core-trainer run of a round (its config from :func:`_training_config`)."""
     # The training's step and evaluation lines go to its own run.log (rank 0 writes it).
     log.info("%s: training, step lines in %s", training.output.run_name,
-             Path(output_dir) / "run.log")  # fmt: skip
+             Path(training.output.dir) / "run.log")  # fmt: skip
     return run_training(training, callbacks=callbacks)
 
 
@@ -311,19 +302,18 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
                 overlap = pair_overlap(previous_pairs, pairs).jaccard
         else:
             pairs_path = round_dir / "pairs"  # the annotation's Parquet shards, streamed
-        training_args = (config, current_model, str(pairs_path), str(round_dir / "train"))
-        shuffle = not config.rounds.arrange_pairs
+        training = _training_config(
+            config, current_model, str(pairs_path), str(round_dir / "train"),
+            shuffle=not config.rounds.arrange_pairs,
+        )  # fmt: skip
         follower = None
         if _overlaps(config, index, teacher):
             follower = _follow_training(
-                config, documents, annotation_config, index, round_dir,
-                _training_config(*training_args, shuffle=shuffle),
+                config, documents, annotation_config, index, round_dir, training,
                 _next_round_follows(config, best.stsb_dev, rounds_without_gain),
             )  # fmt: skip
         try:
-            result = _train(
-                *training_args, shuffle=shuffle, callbacks=[follower.feed] if follower else None
-            )
+            result = _train(training, callbacks=[follower.feed] if follower else None)
         except BaseException:
             if follower is not None:
                 follower.close(timeout_s=0)
@@ -446,11 +436,13 @@ def _supervised_round(
     count = supervised_pairs_file(config, pairs_file)
     s = config.supervised
     result = _train(
-        config,
-        model_dir,
-        str(pairs_file),
-        str(round_dir / "supervised"),
-        {"train.max_steps": s.max_steps, "train.learning_rate": s.learning_rate},
+        _training_config(
+            config,
+            model_dir,
+            str(pairs_file),
+            str(round_dir / "supervised"),
+            {"train.max_steps": s.max_steps, "train.learning_rate": s.learning_rate},
+        )
     )
     return RoundRecord(
         index,

@@ -244,7 +244,7 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
     for index in (1, 2):
         for stage in ("train", "supervised"):
             out = tmp_path / "infocse" / f"round_{index}" / stage
-            rounds._train(config, "model", "pairs.parquet", str(out))
+            rounds._train(rounds._training_config(config, "model", "pairs.parquet", str(out)))
     assert [o.run_name for o in names] == [
         "infocse-round_1-train",
         "infocse-round_1-supervised",
