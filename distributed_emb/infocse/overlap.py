@@ -41,11 +41,11 @@ from ray.train import UserCallback
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.infocse.annotate import AnnotationCounts
+from distributed_emb.model.model_card import DEV_METRIC
 
 log = logging.getLogger(__name__)
 
 COMMIT_FILE = "COMMIT"
-DEV_METRIC = "stsb_dev_spearman"  # = train.loop.DEV_METRIC (not imported: loop imports torch)
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,7 @@ class NextRoundAnnotator:
         self._best: Report | None = None  # the best trained report so far
         self._no_new_work = threading.Event()
         self._error: BaseException | None = None
+        self._mining: int | None = None  # the step being mined now
         self._thread = threading.Thread(target=self._run, name="next-round-annotator", daemon=True)
         self.feed: CheckpointFeed | None = None  # what reports to `poll` (follow_training)
         self.on_stop: Callable[[], None] | None = None  # releases the feed, once stopped
@@ -180,7 +181,11 @@ class NextRoundAnnotator:
                     "while training goes on", report.step, report.stsb_dev)  # fmt: skip
         directory = self.versions.start(report.step)
         started = time.perf_counter()
-        pairs_dir, counts = self._mine(report, directory)
+        self._mining = report.step
+        try:
+            pairs_dir, counts = self._mine(report, directory)
+        finally:
+            self._mining = None
         seconds = round(time.perf_counter() - started, 1)
         self.versions.commit(PairVersion(report.step, report.stsb_dev, pairs_dir, counts, seconds))
         log.warning("overlap: step %d's pairs committed (%d pairs, %.0f s)",
@@ -206,8 +211,10 @@ class NextRoundAnnotator:
         new starts; an annotation in flight is waited for, at most `timeout_s` seconds."""
         self._no_new_work.set()
         self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.warning("overlap: an annotation is still running; it is left to finish")
+        mining = self._mining
+        if self._thread.is_alive() and mining is not None:
+            log.warning("overlap: step %d's annotation is still running; it is left to finish",
+                        mining)  # fmt: skip
         self._release()
 
     def _release(self) -> None:
