@@ -314,7 +314,9 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             )  # fmt: skip
         try:
             result = _train(training, callbacks=[follower.feed] if follower else None)
+            scores = evaluate_dev(result.model_dir, config, heldout)
         except BaseException:
+            # Stop the mining thread and release its Ray queue: no next round will read it.
             if follower is not None:
                 follower.close(timeout_s=0)
             raise
@@ -331,7 +333,7 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             mined_at_step=prepared.step if prepared is not None else None,
             overlapped_annotate_s=prepared.annotate_s if prepared is not None else None,
             **_training_fields(result.metrics),
-            **_dev_fields(evaluate_dev(result.model_dir, config, heldout)),
+            **_dev_fields(scores),
         )
         records.append(record)
         _print_row(record, sinks)

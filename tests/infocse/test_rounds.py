@@ -335,3 +335,46 @@ def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
     with pytest.raises(ConfigError, match=r"rounds\.overlap"):
         _config(tmp_path, tiny_bert_path, shared_data_dir,
                 ["rounds.overlap=true", "supervised.enabled=true"])  # fmt: skip
+
+
+@pytest.mark.parametrize("failing", ["training", "evaluation"])
+def test_a_round_that_fails_after_its_annotation_started_stops_the_mining_thread(
+    tmp_path, tiny_bert_path, shared_data_dir, monkeypatch, failing
+):
+    """With rounds.overlap, a round's failure in training or in its own evaluation closes the
+    thread mining the next round's pairs (and its Ray queue) before the error propagates."""
+    from types import SimpleNamespace
+
+    from distributed_emb.infocse import rounds
+
+    config = _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.overlap=true"])
+    closed = []
+    follower = SimpleNamespace(feed=object(), close=lambda timeout_s: closed.append(timeout_s))
+    trained = SimpleNamespace(model_dir=str(tmp_path / "round_1_model"), metrics={})
+
+    def train(training, callbacks):
+        assert callbacks == [follower.feed]  # the round's training feeds the mining thread
+        if failing == "training":
+            raise RuntimeError("worker lost")
+        return trained
+
+    def evaluate(model_dir, config, heldout):
+        if model_dir == trained.model_dir:
+            raise RuntimeError("dev set unreadable")
+        return {"stsb_dev": 80.0, "retrieval_mrr": 0.5, "retrieval_recall_at_1": 0.4}
+
+    monkeypatch.setattr(rounds, "read_documents", lambda spec: SimpleNamespace(dataset=None))
+    monkeypatch.setattr(rounds, "_split_held_out", lambda dataset, config: (dataset, None))
+    monkeypatch.setattr(rounds, "_initial_model", lambda config, output: tiny_bert_path)
+    monkeypatch.setattr(rounds, "_teacher", lambda config: None)
+    counts = SimpleNamespace(pairs=0, documents=0, documents_without_pairs=0)
+    annotated = SimpleNamespace(counts=counts, wall_seconds=0.0)
+    monkeypatch.setattr(rounds, "annotate_documents", lambda *args, **kwargs: annotated)
+    monkeypatch.setattr(rounds, "_arranged_pairs_file", lambda *args: ([], 0))
+    monkeypatch.setattr(rounds, "_follow_training", lambda *args: follower)
+    monkeypatch.setattr(rounds, "_train", train)
+    monkeypatch.setattr(rounds, "evaluate_dev", evaluate)
+
+    with pytest.raises(RuntimeError, match="worker lost" if failing == "training" else "dev set"):
+        rounds.run_rounds(config)
+    assert closed == [0]
