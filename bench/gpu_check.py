@@ -1,4 +1,5 @@
-"""GPU check: InforMin-CL training-step throughput and MFU on one GPU, DDP vs DeepSpeed ZeRO-2.
+"""GPU check: InforMin-CL training-step throughput and MFU on one GPU: DDP, DDP with the
+encoder compiled (`train.compile=true`; warm-up steps absorb the compiling), DeepSpeed ZeRO-2.
 
 A BERT-base-sized randomly initialised encoder (no weights needed), bf16, seq 32, per-GPU
 batch 128 and 512 (each step embeds 2B sequences: two dropout views), the project's real step
@@ -100,10 +101,13 @@ def run_case(
     from distributed_emb.train.engine import build_engine
 
     torch.manual_seed(0)
+    engine_base, _, variant = engine_name.partition("+")  # "ddp+compile": DDP, compiled encoder
     encoder = TrainableEncoder(model_dir, pooler="cls_before_pooler", mlp_head=True)
     encoder.train()
+    if variant == "compile":
+        encoder.compile_backbone()  # what train.compile=true does
     train = TrainLoopConfig(
-        batch_size=batch, precision=precision, engine="ddp" if engine_name == "ddp" else "deepspeed"
+        batch_size=batch, precision=precision, engine="ddp" if engine_base == "ddp" else "deepspeed"
     )
     train.deepspeed.zero_stage = 2
     engine = build_engine(encoder, train, total_steps=steps + warmup, device=device)
@@ -146,7 +150,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--batches", default="128,512")
-    parser.add_argument("--engines", default="ddp,zero2")
+    parser.add_argument("--engines", default="ddp,ddp+compile,zero2")
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -203,16 +207,16 @@ def main() -> None:
         f"bf16 matmul {measured:.0f} TFLOP/s (datasheet {DATASHEET_BF16_TFLOPS:.0f})"
     )
     print(
-        f"{'engine':8} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
+        f"{'engine':12} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
         f"{'MFU(meas)':>9} {'MFU(sheet)':>10} {'peak GiB':>8}"
     )
     for row in rows:
         if "error" in row:
-            print(f"{row['engine']:8} {row['batch']:>6} error: {row['error'][:80]}")
+            print(f"{row['engine']:12} {row['batch']:>6} error: {row['error'][:80]}")
             continue
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "-"
         print(
-            f"{row['engine']:8} {row['batch']:>6} {1000 * row['step_s']:>8.1f} "
+            f"{row['engine']:12} {row['batch']:>6} {1000 * row['step_s']:>8.1f} "
             f"{row['sentences_per_s']:>9.0f} {row['tflops']:>8.1f} "
             f"{row['tflops'] / measured:>9.1%} {row['tflops'] / DATASHEET_BF16_TFLOPS:>10.1%} "
             f"{peak:>8}"

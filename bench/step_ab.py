@@ -11,7 +11,10 @@ Variants:
 - before: the same with `torch.optim.AdamW`'s default per-parameter update (the engine before
   the speed work);
 - length-grouped: the same sentences batched by `LengthGroupedCollator` (pool = all batches);
-- bf16: `train.precision=bf16` autocast (losses stay fp32).
+- bf16: `train.precision=bf16` autocast (losses stay fp32);
+- compiled (not in the bench's section 7, compiling takes minutes): `train.compile=true`.
+
+    python bench/step_ab.py --variants default,compiled --steps 16   # compile A/B alone
 """
 
 from __future__ import annotations
@@ -22,12 +25,22 @@ DEFAULT = "fp32, random batches, fused AdamW (default)"
 BEFORE = "fp32, random batches, per-parameter AdamW (before)"
 GROUPED = "fp32, length-grouped batches, fused AdamW (data.length_group_batches)"
 BF16 = "bf16 autocast, random batches, fused AdamW (train.precision=bf16)"
+COMPILED = "fp32, random batches, fused AdamW, compiled encoder (train.compile=true)"
 VARIANTS = (DEFAULT, BEFORE, GROUPED, BF16)
+SHORT_NAMES = {"default": DEFAULT, "before": BEFORE, "grouped": GROUPED, "bf16": BF16,
+               "compiled": COMPILED}  # fmt: skip
 
 
-def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -> dict:
+def step_ab(
+    model_path: str,
+    batches: list[list[str]],
+    seq: int,
+    threads: int,
+    variants: tuple[str, ...] = VARIANTS,
+) -> dict:
     """One warm-up step per variant on `batches[0]`, then each of `batches[1:]` (regrouped by
-    length for the grouped variant) with the variants taking turns."""
+    length for the grouped variant) with the variants taking turns. The compiled variant
+    first meets every padded batch length it will be timed on, so no compiling is timed."""
     import numpy as np
     import torch
     import transformers
@@ -50,29 +63,35 @@ def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -
     plain = [collate({"text": np.array(t, dtype=object)}) for t in batches[1:]]
     pool = np.array([t for texts in batches[1:] for t in texts], dtype=object)
     grouped = LengthGroupedCollator(collate, size, seed=0)({"text": pool})
-    inputs = {DEFAULT: plain, BEFORE: plain, GROUPED: grouped, BF16: plain}
+    inputs = {DEFAULT: plain, BEFORE: plain, GROUPED: grouped, BF16: plain, COMPILED: plain}
     weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
 
     engines = {}
-    for name in VARIANTS:
+    for name in variants:
         torch.manual_seed(0)
         encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True)
         encoder.train()
+        warm_up = [warm]
+        if name == COMPILED:
+            encoder.compile_backbone()
+            lengths = {-(-b["input_ids"].shape[1] // 8): b for b in plain}  # one per shape
+            warm_up = list(lengths.values())
         train = TrainLoopConfig(batch_size=size, precision="bf16" if name == BF16 else "fp32")
         engine = build_engine(encoder, train, 10_000, torch.device("cpu"))
         if name == BEFORE:
             engine.optimizer = build_optimizer(engine.module, train.learning_rate, 0.0)
             engine.scheduler = build_scheduler(engine.optimizer, 10_000, 0.0)
-        plain_step(engine, warm, weights, sync=True)
-        engine.step()
+        for batch in warm_up:
+            plain_step(engine, batch, weights, sync=True)
+            engine.step()
         engines[name] = engine
 
-    seconds = {name: 0.0 for name in VARIANTS}
-    tokens = {name: 0 for name in VARIANTS}
-    padded = {name: 0 for name in VARIANTS}
-    optimizer_seconds = {name: 0.0 for name in VARIANTS}
+    seconds = {name: 0.0 for name in variants}
+    tokens = {name: 0 for name in variants}
+    padded = {name: 0 for name in variants}
+    optimizer_seconds = {name: 0.0 for name in variants}
     for index in range(len(plain)):
-        for name in VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]:
+        for name in variants[index % len(variants) :] + variants[: index % len(variants)]:
             batch, engine = inputs[name][index], engines[name]
             started = time.perf_counter()
             plain_step(engine, batch, weights, sync=True)
@@ -93,5 +112,33 @@ def step_ab(model_path: str, batches: list[list[str]], seq: int, threads: int) -
             "padding": 1 - tokens[name] / padded[name],
             "steps": steps,
         }
-        for name in VARIANTS
+        for name in variants
     }
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    from distributed_emb.paths import default_model_path, shipped_corpus
+
+    parser = argparse.ArgumentParser(description="A/B the speed changes step by step.")
+    parser.add_argument("--variants", default="default,compiled", help=",".join(SHORT_NAMES))
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    variants = tuple(SHORT_NAMES[v] for v in args.variants.split(","))
+    with open(shipped_corpus("wiki_sentences.txt"), encoding="utf-8") as f:
+        texts = [line.strip() for line in f if line.strip()][: (args.steps + 1) * args.batch]
+    batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
+    result = step_ab(default_model_path(), batches, args.seq, args.threads, variants)
+    baseline = result[variants[0]]["tokens_per_s"]
+    for name in variants:
+        row = result[name]
+        print(json.dumps({"variant": name, **row, "x_first": row["tokens_per_s"] / baseline}))
+
+
+if __name__ == "__main__":
+    main()

@@ -45,6 +45,33 @@ class TrainableEncoder(nn.Module):
         # SimCSE's MLP: fresh dense + tanh over the pooled vector.
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
         self.mlm_model = self._attach_mlm_head(trust_remote_code) if with_mlm_head else None
+        self.pad_to_multiple_of: int | None = None  # set by compile_backbone
+
+    def compile_backbone(self, pad_to_multiple_of: int = 8) -> None:
+        """torch.compile the transformer in place (the MLM head's body is the same module).
+        Inputs are padded to a multiple of `pad_to_multiple_of` tokens first: a batch's
+        length varies with its longest sentence, and each new length is a new graph (or a
+        dynamic one) to compile; 8 also suits GPU tensor cores. Padding is masked, and the
+        token states are cut back to the batch's length, so nothing downstream changes."""
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.backbone.compile()
+
+    def _run_backbone(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
+        """(N, L) ids and mask → (N, L, h) token states, padded for the compiled graph."""
+        length = input_ids.shape[1]
+        pad = -length % self.pad_to_multiple_of if self.pad_to_multiple_of else 0
+        if pad:
+            input_ids = nn.functional.pad(input_ids, (0, pad), value=self._pad_token_id)
+            attention_mask = nn.functional.pad(attention_mask, (0, pad), value=0)
+            if token_type_ids is not None:
+                token_type_ids = nn.functional.pad(token_type_ids, (0, pad), value=0)
+        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return out.last_hidden_state[:, :length]
+
+    @property
+    def _pad_token_id(self) -> int:
+        return self.backbone.config.pad_token_id or 0
 
     def _attach_mlm_head(self, trust_remote_code: bool) -> nn.Module:
         """An MLM model whose body IS our backbone, so L_MLM trains the same weights."""
@@ -88,9 +115,8 @@ class TrainableEncoder(nn.Module):
         """(N, L) token ids → (N, h) pooled vectors (through the MLP head when training with
         one). With `mlm_input_ids` (M, L) also returns the MLM logits (M, L, V): one call, so
         DDP sees every parameter used in one forward."""
-        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        pooled = self.pool(out.last_hidden_state, attention_mask)
+        hidden = self._run_backbone(input_ids, attention_mask, token_type_ids)
+        pooled = self.pool(hidden, attention_mask)
         if use_mlp and self.mlp is not None:
             pooled = self.mlp(pooled)
         if mlm_input_ids is None:

@@ -50,13 +50,16 @@ DEV_METRIC = "stsb_dev_spearman"
 
 
 def build_encoder(config: TrainingConfig) -> TrainableEncoder:
-    return TrainableEncoder(
+    encoder = TrainableEncoder(
         config.model_path,
         pooler=config.model.pooler,
         mlp_head=config.model.mlp_head != "none",
         with_mlm_head=config.loss.mlm_weight > 0,
         trust_remote_code=config.model.trust_remote_code,
     )
+    if config.train.compile:
+        encoder.compile_backbone()
+    return encoder
 
 
 def plan_steps(config: TrainingConfig, num_rows: int | None, world_size: int) -> int:
