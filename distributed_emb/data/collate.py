@@ -179,8 +179,9 @@ class LengthGroupedCollator(_CollateBase):
     short sentences first. Each batch is collated by the wrapped `ContrastiveCollator`.
 
     Rows of a batch then have similar lengths, so in-batch negatives differ less in length:
-    this changes the training distribution slightly, which is why it is opt-in
-    (`data.length_group_batches`). A pool's remainder of fewer than B rows is dropped.
+    this changes the training distribution slightly, so the built-in default is off
+    (`data.length_group_batches`); the InforMin-CL job turns it on, where its quality at equal
+    steps was measured (docs/BENCHMARKS.md). A pool's remainder of fewer than B rows is dropped.
     """
 
     def __init__(self, collator: ContrastiveCollator, batch_size: int, seed: int = 0):

@@ -49,6 +49,7 @@ def test_the_default_job_config_and_its_overrides():
 
     default = load_config(TrainingConfig, str(DEFAULT_CONFIG))
     assert (default.train.layout, default.train.precision) == ("as_set", "auto")
+    assert default.data.length_group_batches == 16  # quality held at equal steps
     assert default.train.num_workers * default.train.batch_size == 64
     auto = load_config(
         TrainingConfig, str(DEFAULT_CONFIG), ["train.layout=auto", "train.precision=fp32"]
