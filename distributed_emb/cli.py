@@ -344,7 +344,7 @@ KEY_HELP = {
     "train.cpus_per_worker": "CPUs each worker reserves",
     "train.engine": "DDP, or DeepSpeed ZeRO (pip install -e '.[deepspeed]')",
     "train.precision": "training precision (fp16 only on GPUs)",
-    "train.compile": "torch.compile the encoder (pays on GPUs; compiling takes minutes)",
+    "train.compile": "faster steps on GPUs, after minutes of compiling",
     "train.gradient_accumulation_steps": "batches per optimizer step",
     "train.learning_rate": "peak AdamW learning rate (linear decay)",
     "train.weight_decay": "AdamW weight decay",

@@ -488,9 +488,9 @@ class TrainLoopConfig:
     # worker per GPU (train/layout.py). Several nodes: as set.
     layout: typing.Literal["auto", "as_set"] = "as_set"
     # torch.compile the encoder's transformer (model/encoder.py); its batches are padded to a
-    # multiple of 8 tokens so the compiled graph meets few shapes. Off: on the 2-core CPU it
-    # measured within noise of eager after 50-100 s of compiling (docs/BENCHMARKS.md); the
-    # gain it exists for is on GPUs (bench/gpu_check.sh measures it).
+    # multiple of 8 tokens so the compiled graph meets few shapes. Off: on a 2-core CPU it
+    # measured 0.97x eager after 50-100 s of compiling (docs/BENCHMARKS.md); the gain it
+    # exists for is on GPUs (bench/gpu_check.sh measures it).
     compile: bool = False
     batch_size: int = 32  # per worker; the global batch (negatives) is num_workers × this
     # GradCache: embed in mini-batches of this size to cap memory (None: one pass).
