@@ -74,7 +74,8 @@ def step_ab(
         warm_up = [warm]
         if name == COMPILED:
             encoder.compile_backbone()
-            lengths = {-(-b["input_ids"].shape[1] // 8): b for b in plain}  # one per shape
+            multiple = encoder.pad_to_multiple_of
+            lengths = {-(-b["input_ids"].shape[1] // multiple): b for b in plain}  # one a shape
             warm_up = list(lengths.values())
         train = TrainLoopConfig(batch_size=size, precision="bf16" if name == BF16 else "fp32")
         engine = build_engine(encoder, train, 10_000, torch.device("cpu"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,17 @@ def build_tiny_bert(directory: Path, hidden: int = 32, layers: int = 2, seed: in
     BertForMaskedLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+@pytest.fixture(scope="session")
+def cpp_compiler() -> str:
+    """torch.compile on CPU builds its kernels with a C++ compiler: its path, or a skip."""
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        pytest.skip(
+            "torch.compile on CPU builds its kernels with a C++ compiler; none is installed"
+        )
+    return compiler
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """bench/gpu_check.py cannot rot before a GPU is lent: its CPU smoke run gives every row."""
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # the compiled arm compiles a tiny BERT (about a minute on 2 cores)
-@pytest.mark.skipif(
-    not (shutil.which("c++") or shutil.which("g++")),
-    reason="torch.compile on CPU builds its kernels with a C++ compiler, and none is installed",
-)
-def test_tiny_cpu_run_measures_every_engine(tmp_path):
+def test_tiny_cpu_run_measures_every_engine(cpp_compiler, tmp_path):
     output = tmp_path / "gpu_check.json"
     subprocess.run(
         [sys.executable, "bench/gpu_check.py", "--tiny", "--device", "cpu", "--batches", "4",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
@@ -21,12 +19,8 @@ def _batch(length: int, rows: int = 6, vocab: int = 1000) -> dict[str, torch.Ten
 
 
 @pytest.mark.slow  # compiling a tiny BERT takes a minute on 2 cores
-@pytest.mark.skipif(
-    not (shutil.which("c++") or shutil.which("g++")),
-    reason="torch.compile on CPU builds its kernels with a C++ compiler, and none is installed",
-)
 @pytest.mark.parametrize("pooler", ["mean", "cls_before_pooler"])
-def test_compiled_encoder_matches_eager_vectors_and_gradients(tiny_bert_path, pooler):
+def test_compiled_encoder_matches_eager_vectors_and_gradients(cpp_compiler, tiny_bert_path, pooler):
     torch.manual_seed(0)
     eager = TrainableEncoder(tiny_bert_path, pooler=pooler).eval()  # eval: no dropout
     compiled = TrainableEncoder(tiny_bert_path, pooler=pooler).eval()
