@@ -28,6 +28,17 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 
 
+@pytest.fixture(scope="module")
+def head():
+    """One head for the module's four jobs, as a user's cluster takes job after job: token
+    auth and exactly the machine's 2 CPUs, i.e. num_workers × cpus_per_worker of every job
+    here. Each job is its own driver, so nothing of one is left holding CPUs for the next
+    (were it, the next job could not fit and would fail or wait, not pass). One start-up and
+    shutdown of the head instead of one per test."""
+    with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as started:
+        yield started
+
+
 def _tiny_run_config(tmp_path: Path, model_path: str) -> Path:
     corpus = tmp_path / "corpus.txt"
     lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:200]
@@ -56,7 +67,9 @@ def _submit(head, config_path: Path, output: Path, *overrides: str, **kwargs):
     )
 
 
-def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, tiny_bert_path):
+def test_submitted_training_job_succeeds_and_exports_a_loadable_model(
+    head, tmp_path, tiny_bert_path
+):
     from sentence_transformers import SentenceTransformer
 
     config_path = _tiny_run_config(tmp_path, tiny_bert_path)
@@ -64,17 +77,16 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, 
     submission_id = f"test-train-{secrets.token_hex(4)}"
     # The machine's own 2 CPUs, exactly num_workers × cpus_per_worker: the resource plan must
     # leave Ray Data its share (before it, the job hung at `Split Repartition: 0%`).
-    with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as head:
-        # Fails in seconds, before Ray Train starts: 300 s is far more than it may take.
-        never = _submit(head, config_path, tmp_path / "never", "train.num_workers=8", timeout=300)
-        never_logs = never.stdout + never.stderr
-        submitted = _submit(head, config_path, output, submission_id=submission_id)
-        logs = submitted.stdout + submitted.stderr
-        status = requests.get(
-            f"{head.dashboard_url}/api/jobs/{submission_id}",
-            headers=head.auth_headers(),
-            timeout=30,
-        ).json()
+    # Fails in seconds, before Ray Train starts: 300 s is far more than it may take.
+    never = _submit(head, config_path, tmp_path / "never", "train.num_workers=8", timeout=300)
+    never_logs = never.stdout + never.stderr
+    submitted = _submit(head, config_path, output, submission_id=submission_id)
+    logs = submitted.stdout + submitted.stderr
+    status = requests.get(
+        f"{head.dashboard_url}/api/jobs/{submission_id}",
+        headers=head.auth_headers(),
+        timeout=30,
+    ).json()
     # Can never fit: fails before Ray Train starts, with the numbers and the fix.
     assert never.returncode != 0, never_logs[-4000:]
     assert "does not fit the cluster" in never_logs, never_logs[-4000:]
@@ -96,7 +108,7 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(tmp_path, 
 
 
 def test_submitted_infocse_and_tune_jobs_fit_a_head_with_exactly_the_workers_cpus(
-    tmp_path, tiny_bert_path
+    head, tmp_path, tiny_bert_path
 ):
     # The same 2-CPU head (exactly num_workers × cpus_per_worker) for the two other jobs that
     # need Ray Data beside their Train workers: an InfoCSE round (annotation actors, then
@@ -108,35 +120,34 @@ def test_submitted_infocse_and_tune_jobs_fit_a_head_with_exactly_the_workers_cpu
     lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:200]
     corpus.write_text("\n".join(lines) + "\n")
     infocse_out, tune_out = tmp_path / "infocse", tmp_path / "tune"
-    with local_ray_head(token=secrets.token_urlsafe(32), num_cpus=2) as head:
-        infocse = _submit_job(
-            head,
-            "jobs/train_infocse.py",
-            "--config",
-            "jobs/configs/infocse_default.yaml",
-            f"documents.paths=[{documents}]",
-            "annotation.pooler=mean",
-            "annotation.max_seq_length=32",
-            f"training.model.path={tiny_bert_path}",
-            "training.train.batch_size=8",
-            "training.train.max_steps=2",
-            "training.eval.eval_steps=2",
-            "training.eval.max_pairs=32",
-            "rounds.max_rounds=1",
-            f"output_dir={infocse_out}",
-        )
-        search = _submit_job(
-            head,
-            "jobs/tune_informin.py",
-            "--config",
-            "jobs/configs/tune_tiny.yaml",
-            "--num-samples",
-            "2",
-            "--output",
-            str(tune_out),
-            f"model.path={tiny_bert_path}",
-            f"data.path={corpus}",
-        )
+    infocse = _submit_job(
+        head,
+        "jobs/train_infocse.py",
+        "--config",
+        "jobs/configs/infocse_default.yaml",
+        f"documents.paths=[{documents}]",
+        "annotation.pooler=mean",
+        "annotation.max_seq_length=32",
+        f"training.model.path={tiny_bert_path}",
+        "training.train.batch_size=8",
+        "training.train.max_steps=2",
+        "training.eval.eval_steps=2",
+        "training.eval.max_pairs=32",
+        "rounds.max_rounds=1",
+        f"output_dir={infocse_out}",
+    )
+    search = _submit_job(
+        head,
+        "jobs/tune_informin.py",
+        "--config",
+        "jobs/configs/tune_tiny.yaml",
+        "--num-samples",
+        "2",
+        "--output",
+        str(tune_out),
+        f"model.path={tiny_bert_path}",
+        f"data.path={corpus}",
+    )
     infocse_logs = infocse.stdout + infocse.stderr
     assert infocse.returncode == 0, infocse_logs[-6000:]
     assert "lowered to leave Ray Data its share" in infocse_logs, infocse_logs[-6000:]
