@@ -32,6 +32,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from distributed_emb.losses.distillation import similarity_distillation_loss
+
 # Added to a soft cluster's mass tr(Πₖ), as the MCR² reference code does, so an empty soft
 # cluster contributes 0·logdet(I) instead of 0/0.
 _SOFT_MASS_FLOOR = 1e-8
@@ -154,15 +156,22 @@ class MCR2LossConfig:
     compress_weight: float = 1.0
     # "float64" computes the Grams and logdets in double precision (slower, exact metrics).
     compute_dtype: Literal["float32", "float64"] | None = None
+    # Weight μ of the similarity distillation term μ·KL(P_teacher ‖ P_z) over each row's
+    # in-batch neighbours (losses/distillation.py); 0, the plain MCR² objective, turns it off.
+    # The compression job sets it (mcr2/config.py).
+    distill_weight: float = 0.0
+    distill_temperature: float = 0.05
 
 
 class MCR2Loss(torch.nn.Module):
-    """loss = −R(Z) + w_c·R_c(Z, Π) − λ·mean cos(ẑ¹ᵢ, ẑ²ᵢ).
+    """loss = −R(Z) + w_c·R_c(Z, Π) − λ·mean cos(ẑ¹ᵢ, ẑ²ᵢ) + μ·KL(P_teacher ‖ P_z).
 
-    forward(z, clusters, views=None):
+    forward(z, clusters, views=None, teacher=None):
       z: (n, d) embeddings (normalised here);
       clusters: (n,) integer cluster ids (hard) or (n, k) float probabilities (soft);
-      views: optional pair (ẑ¹, ẑ²) of (m, d) batches whose rows are similar.
+      views: optional pair (ẑ¹, ẑ²) of (m, d) batches whose rows are similar;
+      teacher: optional (n, D) vectors of z's rows whose in-batch similarities z should keep
+        (the frozen encoder's); needed when distill_weight > 0.
     Returns (loss, metrics) where metrics hold detached floats.
     """
 
@@ -171,6 +180,10 @@ class MCR2Loss(torch.nn.Module):
         self.config = config or MCR2LossConfig()
         if self.config.eps <= 0:
             raise ValueError(f"MCR² eps must be > 0, got {self.config.eps}")
+        if self.config.distill_temperature <= 0:
+            raise ValueError(
+                f"MCR² distill_temperature must be > 0, got {self.config.distill_temperature}"
+            )
         dtypes = {None: None, "float32": torch.float32, "float64": torch.float64}
         if self.config.compute_dtype not in dtypes:
             raise ValueError(
@@ -184,6 +197,7 @@ class MCR2Loss(torch.nn.Module):
         z: torch.Tensor,
         clusters: torch.Tensor,
         views: tuple[torch.Tensor, torch.Tensor] | None = None,
+        teacher: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         rate = coding_rate(z, cfg.eps, self._dtype)
@@ -201,5 +215,11 @@ class MCR2Loss(torch.nn.Module):
             cos = pair_cosine(*views)
             loss = loss - cfg.pair_weight * cos
             metrics["pair_cosine"] = cos.item()
+        if cfg.distill_weight != 0:
+            if teacher is None:
+                raise ValueError("MCR²: distill_weight > 0 needs the teacher's vectors of z's rows")
+            kl = similarity_distillation_loss(z, teacher, cfg.distill_temperature)
+            loss = loss + cfg.distill_weight * kl
+            metrics["similarity_kl"] = kl.item()
         metrics["loss"] = loss.item()
         return loss, metrics

@@ -20,13 +20,19 @@ from sklearn.random_projection import GaussianRandomProjection
 Projection = Callable[[np.ndarray], np.ndarray]
 
 
-def fit_pca(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) -> Projection:
+def fit_pca_model(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) -> PCA:
+    """scikit-learn PCA of `train` (n, D) to `dim` components (``mean_``, ``components_``):
+    the ``pca`` baselines, and the MCR² head's starting point (mcr2/head.py)."""
     if dim > min(train.shape):
         raise ValueError(
             f"PCA to {dim} dims needs at least {dim} training vectors of ≥ {dim} dims; "
             f"got {train.shape}"
         )
-    pca = PCA(n_components=dim, whiten=whiten, random_state=seed).fit(train)  # train: (n, D)
+    return PCA(n_components=dim, whiten=whiten, random_state=seed).fit(train)
+
+
+def fit_pca(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) -> Projection:
+    pca = fit_pca_model(train, dim, seed, whiten)
     return lambda x: pca.transform(x).astype(np.float32)  # (m, dim)
 
 

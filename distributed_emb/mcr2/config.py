@@ -28,6 +28,7 @@ from distributed_emb.mcr2.head import ACTIVATIONS
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
+DEFAULT_DISTILL_WEIGHT = 1.0
 # Opt-in: fine-tunes the encoder, then re-embeds every evaluation set (mcr2/matryoshka.py).
 OPT_IN_BASELINES = ("matryoshka",)
 
@@ -39,6 +40,13 @@ class HeadConfig:
     hidden_dims: list[int] = field(default_factory=list)
     activation: str = "gelu"
     dropout: float = 0.0
+    # Where the head starts: pca (a linear head at the PCA map of the training vectors, so
+    # epoch 0, which selection may keep, is the PCA baseline), random (PyTorch's init), or
+    # auto: pca for a linear head, random for an MLP.
+    init: Literal["auto", "pca", "random"] = "auto"
+
+    def starts_at_pca(self) -> bool:
+        return self.init == "pca" or (self.init == "auto" and not self.hidden_dims)
 
 
 @dataclass
@@ -94,7 +102,11 @@ class MCR2Config:
     pairs: PairsConfig = field(default_factory=PairsConfig)
     assignments: AssignmentConfig = field(default_factory=AssignmentConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
-    loss: MCR2LossConfig = field(default_factory=MCR2LossConfig)
+    # The head keeps the encoder's in-batch neighbours (distill_weight): without that term
+    # the MCR² head lost to PCA on every STS set it never saw (docs/MCR2.md).
+    loss: MCR2LossConfig = field(
+        default_factory=lambda: MCR2LossConfig(distill_weight=DEFAULT_DISTILL_WEIGHT)
+    )
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: CompressionEvalConfig = field(default_factory=CompressionEvalConfig)
     matryoshka: MatryoshkaConfig = field(default_factory=MatryoshkaConfig)
@@ -148,9 +160,19 @@ class MCR2Config:
         for i, hidden in enumerate(h.hidden_dims):
             require_range(hidden, f"head.hidden_dims[{i}]", 1)
         require_range(h.dropout, "head.dropout", 0, 1, high_open=True)
+        require(
+            h.init in ("auto", "pca", "random"), "head.init", f"auto, pca or random, not {h.init!r}"
+        )
+        require(
+            h.init != "pca" or not h.hidden_dims,
+            "head.init",
+            "pca starts a linear head; with head.hidden_dims set use auto or random",
+        )
         require_range(self.loss.eps, "loss.eps", 0, low_open=True)
         require_range(self.loss.pair_weight, "loss.pair_weight", 0)
         require_range(self.loss.compress_weight, "loss.compress_weight", 0)
+        require_range(self.loss.distill_weight, "loss.distill_weight", 0)
+        require_range(self.loss.distill_temperature, "loss.distill_temperature", 0, low_open=True)
         o = self.optim
         require_range(o.epochs, "optim.epochs", 1)
         require_range(o.batch_size, "optim.batch_size", 2)

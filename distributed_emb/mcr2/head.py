@@ -6,6 +6,7 @@ sentence-transformers ``Dense`` modules followed by ``Normalize`` (see ``mcr2/ex
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -60,6 +61,22 @@ class CompressionHead(torch.nn.Module):
         for linear in self.linears[:-1]:
             x = self.dropout(self.activation(linear(x)))  # (n, hidden)
         return F.normalize(self.linears[-1](x), dim=1)  # (n, output_dim)
+
+    def start_at_projection(self, mean: np.ndarray, components: np.ndarray) -> None:
+        """Set a linear head to x ↦ (x − mean)·componentsᵀ, e.g. PCA's map: weight =
+        components (output_dim, input_dim), bias = −components·mean."""
+        if len(self.linears) != 1:
+            raise ValueError("only a linear head (no hidden layers) can start at a projection")
+        linear = self.linears[0]
+        components = np.asarray(components, dtype=np.float32)
+        if components.shape != tuple(linear.weight.shape):
+            raise ValueError(
+                f"projection of shape {components.shape} does not fit the head's "
+                f"{tuple(linear.weight.shape)} weight"
+            )
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(components))
+            linear.bias.copy_(torch.from_numpy(-components @ np.asarray(mean, np.float32)))
 
     def layers_for_export(self) -> list[tuple[torch.nn.Linear, torch.nn.Module | None]]:
         """(linear, activation) per layer; the last layer has none (Normalize follows)."""

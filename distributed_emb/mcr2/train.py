@@ -5,7 +5,9 @@ Everything here is vectors in, vectors out: the frozen encoder ran once beforeha
 on a laptop CPU and several output sizes train one after another in minutes.
 
 One step: a batch of sentences X (B×D) with cluster ids (or learned Π), and a batch of similar
-pairs (A, P), each (m×D); loss = −R(head(X)) + R_c(head(X), Π) − λ·mean cos(head(A), head(P)).
+pairs (A, P), each (m×D); loss = −R(head(X)) + R_c(head(X), Π) − λ·mean cos(head(A), head(P))
++ μ·KL(P_X ‖ P_head(X)), the last keeping each sentence's in-batch neighbours the encoder's.
+A linear head starts at the PCA map of the training vectors by default (``head.init``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
 from distributed_emb.mcr2.assignments import SoftAssignmentHead
+from distributed_emb.mcr2.baselines import fit_pca_model
 from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, OptimConfig
 from distributed_emb.mcr2.head import CompressionHead
 
@@ -85,6 +88,9 @@ def train_head(
     head = CompressionHead(
         input_dim, output_dim, head_config.hidden_dims, head_config.activation, head_config.dropout
     )
+    if head_config.starts_at_pca():
+        pca = fit_pca_model(data.sentences, output_dim, optim.seed)
+        head.start_at_projection(pca.mean_, pca.components_)
     learned = assignment_config.source == "learned"
     if not learned and data.cluster_ids is None:
         raise ValueError("cluster ids are needed unless assignments.source is 'learned'")
@@ -126,7 +132,7 @@ def train_head(
                 take = pair_order[pair_cursor : pair_cursor + optim.pair_batch_size]
                 pair_cursor += len(take)
                 views = (head(anchors[take]), head(positives[take]))  # 2 × (m, d)
-            loss, metrics = loss_fn(z, pi, views)
+            loss, metrics = loss_fn(z, pi, views, teacher=x[rows])
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()

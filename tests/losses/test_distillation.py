@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from distributed_emb.losses.distillation import distillation_loss
+from distributed_emb.losses.distillation import distillation_loss, similarity_distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
 from distributed_emb.losses.objective import ObjectiveWeights, embedding_objective
 
@@ -65,3 +65,57 @@ def test_the_default_weights_give_exactly_the_infomin_objective():
         z1, z2, "normalized_mse"
     )
     assert torch.equal(loss, expected)
+
+
+def _reference_similarity_kl(z, teacher, temperature):
+    """Plain per-row loops in float64: each row's softmax over its cosines to the other rows."""
+    z = torch.nn.functional.normalize(z.double(), dim=1)
+    t = torch.nn.functional.normalize(teacher.double(), dim=1)
+    n = z.shape[0]
+    total = 0.0
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        p = torch.softmax(torch.stack([t[i] @ t[j] for j in others]) / temperature, 0)
+        q = torch.softmax(torch.stack([z[i] @ z[j] for j in others]) / temperature, 0)
+        total += float((p * (p.log() - q.log())).sum())
+    return total / n
+
+
+def test_similarity_distillation_matches_a_per_row_reference():
+    torch.manual_seed(0)
+    z, teacher = torch.randn(9, 4), torch.randn(9, 12)
+    for temperature in (0.05, 0.5):
+        got = float(similarity_distillation_loss(z, teacher, temperature))
+        assert got == pytest.approx(_reference_similarity_kl(z, teacher, temperature), rel=1e-4)
+        assert got > 0
+
+
+def test_similarity_distillation_is_zero_when_the_neighbours_are_the_teachers():
+    torch.manual_seed(1)
+    teacher = torch.randn(16, 6)
+    rotation, _ = torch.linalg.qr(torch.randn(6, 6))
+    # A rotation and a rescaling keep every cosine, so nothing is left to distil, even though
+    # the vectors themselves differ.
+    z = 3.0 * teacher @ rotation
+    assert float(similarity_distillation_loss(z, teacher)) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_similarity_distillation_sends_no_gradient_to_the_teacher():
+    z = torch.randn(6, 3, requires_grad=True)
+    teacher = torch.randn(6, 8, requires_grad=True)
+    similarity_distillation_loss(z, teacher).backward()
+    assert z.grad is not None and float(z.grad.abs().sum()) > 0
+    assert teacher.grad is None
+
+
+@pytest.mark.parametrize(
+    ("z", "teacher", "temperature", "message"),
+    [
+        (torch.randn(4, 3), torch.randn(5, 3), 0.05, "same n"),
+        (torch.randn(1, 3), torch.randn(1, 3), 0.05, "at least 2 rows"),
+        (torch.randn(4, 3), torch.randn(4, 3), 0.0, "temperature must be > 0"),
+    ],
+)
+def test_similarity_distillation_rejects_bad_input(z, teacher, temperature, message):
+    with pytest.raises(ValueError, match=message):
+        similarity_distillation_loss(z, teacher, temperature)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import (
     MCR2Loss,
     MCR2LossConfig,
@@ -177,3 +178,20 @@ def test_many_clusters_never_build_a_dense_membership_tensor():
     got = compressed_coding_rate(z, ids, 0.5).item()
     # Equal to the plain per-cluster reference on the full set.
     assert got == pytest.approx(reference_compressed_rate(z.numpy(), ids.numpy(), 0.5), rel=1e-9)
+
+
+def test_distill_weight_adds_the_similarity_kl_and_needs_the_teacher():
+    torch.manual_seed(3)
+    z, teacher = torch.randn(12, 4), torch.randn(12, 10)
+    ids = torch.arange(12) % 3
+    plain, _ = MCR2Loss(MCR2LossConfig(distill_weight=0.0))(z, ids)
+    weighted, metrics = MCR2Loss(MCR2LossConfig(distill_weight=0.7, distill_temperature=0.1))(
+        z, ids, teacher=teacher
+    )
+    kl = float(similarity_distillation_loss(z, teacher, 0.1))
+    assert metrics["similarity_kl"] == pytest.approx(kl)
+    assert float(weighted) == pytest.approx(float(plain) + 0.7 * kl, rel=1e-5)
+    with pytest.raises(ValueError, match="needs the teacher"):
+        MCR2Loss(MCR2LossConfig(distill_weight=0.7))(z, ids)
+    with pytest.raises(ValueError, match="distill_temperature must be > 0"):
+        MCR2Loss(MCR2LossConfig(distill_temperature=0.0))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from distributed_emb.mcr2.baselines import fit_baseline, fit_pca_model
 from distributed_emb.mcr2.head import CompressionHead
 
 
@@ -45,3 +47,25 @@ def test_bad_head_settings_are_named():
         CompressionHead(4, 0)
     with pytest.raises(ValueError, match="dropout"):
         CompressionHead(4, 2, dropout=1.0)
+
+
+def test_a_linear_head_started_at_pca_gives_the_pca_baselines_vectors():
+    rng = np.random.default_rng(0)
+    train = (rng.standard_normal((200, 12)) * np.linspace(3, 0.2, 12) + 5).astype(np.float32)
+    pca = fit_pca_model(train, 4)
+    head = CompressionHead(12, 4, hidden_dims=()).eval()
+    head.start_at_projection(pca.mean_, pca.components_)
+    x = rng.standard_normal((7, 12)).astype(np.float32) + 5
+    expected = fit_baseline("pca", train, 4)(x)
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    with torch.no_grad():
+        np.testing.assert_allclose(head(torch.from_numpy(x)).numpy(), expected, atol=1e-5)
+
+
+def test_only_a_linear_head_of_the_right_shape_starts_at_a_projection():
+    with pytest.raises(ValueError, match="only a linear head"):
+        CompressionHead(12, 4, hidden_dims=(8,)).start_at_projection(
+            np.zeros(12), np.zeros((4, 12))
+        )
+    with pytest.raises(ValueError, match="does not fit"):
+        CompressionHead(12, 4, hidden_dims=()).start_at_projection(np.zeros(12), np.zeros((3, 12)))

@@ -1,11 +1,16 @@
-"""Head training: the returned head is the best STS-B dev epoch, and MCR² raises ΔR."""
+"""Head training: the returned head is the best STS-B dev epoch, MCR² raises ΔR, a linear
+head starts at PCA, and the distillation term keeps the encoder's neighbours."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from distributed_emb.evaluation.sts import spearman_of_embeddings
+from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig
+from distributed_emb.mcr2.baselines import fit_baseline
 from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, OptimConfig
 from distributed_emb.mcr2.train import HeadTrainingData, head_dev_spearman, train_head
 
@@ -62,3 +67,40 @@ def test_hard_assignments_need_cluster_ids():
     data.cluster_ids = None
     with pytest.raises(ValueError, match="cluster ids are needed"):
         train_head(4, data, HeadConfig(), MCR2LossConfig(), AssignmentConfig(), OptimConfig())
+
+
+def test_a_linear_head_starts_at_pca_unless_told_otherwise():
+    data = _toy_data(2)
+    optim = OptimConfig(epochs=1, batch_size=128, pair_batch_size=32)
+    projected = fit_baseline("pca", data.sentences, 6)
+    pca_dev = spearman_of_embeddings(projected(data.dev[0]), projected(data.dev[1]), data.dev[2])
+    at_pca = train_head(6, data, HeadConfig(), MCR2LossConfig(), AssignmentConfig(), optim)
+    assert at_pca.history[0]["stsb_dev"] == pytest.approx(pca_dev, abs=1e-3)
+    at_random = train_head(
+        6, data, HeadConfig(init="random"), MCR2LossConfig(), AssignmentConfig(), optim
+    )
+    assert at_random.history[0]["stsb_dev"] != pytest.approx(pca_dev, abs=1e-3)
+
+
+def _held_out_similarity_kl(head, x: np.ndarray) -> float:
+    with torch.no_grad():
+        z = head(torch.from_numpy(x))
+    return float(similarity_distillation_loss(z, torch.from_numpy(x)))
+
+
+def test_the_distillation_term_keeps_the_encoders_neighbours():
+    data = _toy_data(3)
+    held_out = _toy_data(4).sentences[:128]  # rows the head never trained on
+    kls = {}
+    for weight in (0.0, 5.0):
+        trained = train_head(
+            6,
+            data,
+            HeadConfig(init="random"),
+            MCR2LossConfig(eps=0.5, pair_weight=0.0, distill_weight=weight),
+            AssignmentConfig(),
+            OptimConfig(epochs=10, batch_size=128, lr=3e-3),
+        )
+        kls[weight] = _held_out_similarity_kl(trained.head, held_out)
+        assert ("similarity_kl" in trained.history[1]) == (weight > 0)
+    assert kls[5.0] < 0.7 * kls[0.0]
