@@ -102,17 +102,28 @@ def tiny_bert_path(tmp_path_factory) -> str:
 def ray_local():
     """A local Ray with as many logical CPUs as the machine has cores (nothing may depend on
     more): tests share one instance per module; Train runs, annotation and evaluation pools
-    fit through the resource plan, as a user's run on the same machine does."""
+    fit through the resource plan, as a user's run on the same machine does.
+
+    Its workers run at the driver's priority, as cli.start_ray starts a local run's (Ray's own
+    default, nice 15, leaves them only the CPU that the driver, Ray's own processes and anything
+    else on the machine do not want; tests/cluster/test_local_ray_priority.py checks the jobs)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(
-            address="local",  # never a `ray start` cluster another test left on the machine
-            num_cpus=os.cpu_count(),
-            include_dashboard=False,
-            object_store_memory=512 * 1024**2,
-            log_to_driver=True,
-        )
+        set_niceness = "RAY_worker_niceness" not in os.environ
+        if set_niceness:
+            os.environ["RAY_worker_niceness"] = "0"  # read by the local raylet at start
+        try:
+            ray.init(
+                address="local",  # never a `ray start` cluster another test left on the machine
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                object_store_memory=512 * 1024**2,
+                log_to_driver=True,
+            )
+        finally:
+            if set_niceness:
+                os.environ.pop("RAY_worker_niceness", None)
     yield ray
     ray.shutdown()
 
