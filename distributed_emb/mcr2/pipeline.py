@@ -146,7 +146,7 @@ def run(config: MCR2Config) -> dict:
     load_at_start = _load_average()
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(config.optim.torch_threads)
+    torch.set_num_threads(config.optim.torch_threads)  # the heads' small matmuls
     timings: dict[str, float] = {}
     sinks = MetricsSinks.start(
         config.logging, output_dir, dataclasses.asdict(config), run_name=output_dir.name
@@ -297,16 +297,23 @@ def train_matryoshka_baseline(config: MCR2Config, inputs: RunInputs, output_dir:
         anchors, positives = inputs.pairs.anchors, inputs.pairs.positives
     else:
         anchors = positives = inputs.sentences.texts
-    trained = train_matryoshka(
-        config.encoder.model_path(),
-        config.encoder.pooler,
-        config.encoder.max_seq_length,
-        anchors,
-        positives,
-        list(config.output_dims),
-        m,
-        output_dir / "models" / "matryoshka",
-    )
+    # Fine-tuning the encoder is the heavy part of the run: it gets every core, not the head
+    # training's `optim.torch_threads` (1 by default: over 10 s a step on this 2-core machine).
+    head_threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        trained = train_matryoshka(
+            config.encoder.model_path(),
+            config.encoder.pooler,
+            config.encoder.max_seq_length,
+            anchors,
+            positives,
+            list(config.output_dims),
+            m,
+            output_dir / "models" / "matryoshka",
+        )
+    finally:
+        torch.set_num_threads(head_threads)
     log.info("Matryoshka baseline: %d steps in %.1f s", m.steps, trained.seconds)
     return trained
 
