@@ -134,6 +134,19 @@ def _load_average() -> list[float] | None:
 
 
 @contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Torch's intra-op threads set to `count` inside the block, restored after. Only the
+    heads' small matmuls run on `optim.torch_threads`; encoding in this process and the
+    Matryoshka fine-tuning keep every core (with 1 thread they ran at half speed on 2 cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
@@ -146,7 +159,6 @@ def run(config: MCR2Config) -> dict:
     load_at_start = _load_average()
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(config.optim.torch_threads)  # the heads' small matmuls
     timings: dict[str, float] = {}
     sinks = MetricsSinks.start(
         config.logging, output_dir, dataclasses.asdict(config), run_name=output_dir.name
@@ -159,7 +171,7 @@ def run(config: MCR2Config) -> dict:
         log.info(
             "embedded training data in %.1f s (%s)", timings["encode_training_s"], encoder.stats
         )
-        with _timed(timings, "train_heads_s"):
+        with _timed(timings, "train_heads_s"), torch_threads(config.optim.torch_threads):
             heads = train_heads(config, data, sinks)
             methods = fit_methods(config, heads, data.sentences)
         matryoshka = None
@@ -297,23 +309,16 @@ def train_matryoshka_baseline(config: MCR2Config, inputs: RunInputs, output_dir:
         anchors, positives = inputs.pairs.anchors, inputs.pairs.positives
     else:
         anchors = positives = inputs.sentences.texts
-    # Fine-tuning the encoder is the heavy part of the run: it gets every core, not the head
-    # training's `optim.torch_threads` (1 by default: over 10 s a step on this 2-core machine).
-    head_threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
-        trained = train_matryoshka(
-            config.encoder.model_path(),
-            config.encoder.pooler,
-            config.encoder.max_seq_length,
-            anchors,
-            positives,
-            list(config.output_dims),
-            m,
-            output_dir / "models" / "matryoshka",
-        )
-    finally:
-        torch.set_num_threads(head_threads)
+    trained = train_matryoshka(
+        config.encoder.model_path(),
+        config.encoder.pooler,
+        config.encoder.max_seq_length,
+        anchors,
+        positives,
+        list(config.output_dims),
+        m,
+        output_dir / "models" / "matryoshka",
+    )
     log.info("Matryoshka baseline: %d steps in %.1f s", m.steps, trained.seconds)
     return trained
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from distributed_emb.config import load_config
 from distributed_emb.evaluation.senteval_data import STS_YEAR_SUBSETS
 from distributed_emb.mcr2.config import MCR2Config
+from distributed_emb.mcr2.pipeline import torch_threads
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
 from distributed_emb.tracking import write_panels
 
@@ -193,3 +195,13 @@ def test_job_rejects_bad_settings_before_doing_anything(argv, message, capsys):
 def test_job_defaults_are_the_dataclass_defaults():
     # The YAML spells out every knob; it must not drift from the code's defaults.
     assert _job_module().parse_args([]) == MCR2Config()
+
+
+def test_only_the_head_training_runs_on_optim_torch_threads():
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(1):
+        raise RuntimeError("a failing head still gives the threads back")
+    assert torch.get_num_threads() == before
