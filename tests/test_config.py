@@ -244,6 +244,9 @@ def test_values_are_set_unparsed_after_overrides():
         ("eval.transfer.kfold_c=[1.0, -2.0]", "eval.transfer.kfold_c[1]: must be > 0, got -2.0"),
         ("head.hidden_dims=[0]", "head.hidden_dims[0]: must be >= 1, got 0"),
         ("ray.object_store_memory_mb=1", "ray.object_store_memory_mb: must be in [75, "),
+        ("loss.distill_weight=-1", "loss.distill_weight: must be >= 0, got -1.0"),
+        ("loss.distill_temperature=0", "loss.distill_temperature: must be > 0, got 0.0"),
+        ("head.init=zeros", "head.init"),
     ],
 )
 def test_mcr2_ranges(override, message):
@@ -252,6 +255,16 @@ def test_mcr2_ranges(override, message):
     with pytest.raises(ConfigError) as error_info:
         load_config(MCR2Config, None, [override])
     assert message in str(error_info.value)
+
+
+def test_mcr2_pca_start_is_refused_for_an_mlp_head():
+    from distributed_emb.mcr2.config import MCR2Config
+
+    with pytest.raises(ConfigError, match="head.init: pca starts a linear head"):
+        load_config(MCR2Config, None, ["head.init=pca", "head.hidden_dims=[16]"])
+    # auto picks the start that fits: random for the MLP, no error.
+    assert not load_config(MCR2Config, None, ["head.hidden_dims=[16]"]).head.starts_at_pca()
+    assert load_config(MCR2Config, None, []).head.starts_at_pca()
 
 
 @pytest.mark.parametrize(
