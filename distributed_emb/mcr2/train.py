@@ -122,8 +122,9 @@ def train_head(
         sums: dict[str, float] = {}
         batches = _batches(n, optim.batch_size, generator)
         for rows in batches:
-            z = head(x[rows])  # (B, d)
-            pi = assigner(x[rows]) if assigner else clusters[rows]  # (B, k) or (B,)
+            batch = x[rows]  # (B, D) the encoder's vectors: the head's input and its teacher
+            z = head(batch)  # (B, d)
+            pi = assigner(batch) if assigner else clusters[rows]  # (B, k) or (B,)
             views = None
             if data.pairs is not None:
                 if pair_cursor + optim.pair_batch_size > len(pair_order):
@@ -132,7 +133,7 @@ def train_head(
                 take = pair_order[pair_cursor : pair_cursor + optim.pair_batch_size]
                 pair_cursor += len(take)
                 views = (head(anchors[take]), head(positives[take]))  # 2 × (m, d)
-            loss, metrics = loss_fn(z, pi, views, teacher=x[rows])
+            loss, metrics = loss_fn(z, pi, views, teacher=batch)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
