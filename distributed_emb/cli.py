@@ -333,7 +333,8 @@ KEY_HELP = {
     "data.hf_split": "the split of a Hugging Face dataset",
     "data.anchor_column": "pairs: the anchor field",
     "data.positive_column": "pairs: the positive field",
-    "data.group_column": "pairs: rows of one group (document) are not each other's negatives",
+    "data.group_column": "rows of one group (document) are not each other's negatives, and "
+    "are one cluster of loss.mcr2",
     "data.shuffle_seed": "seed of the corpus shuffle",
     "data.shuffle_buffer_rows": "rows in each worker's shuffle buffer",
     "loss.temperature": "τ of InfoNCE",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import yaml
 
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
 from distributed_emb.paths import default_model_path
 
 T = TypeVar("T")
@@ -399,6 +401,10 @@ class ModelConfig:
     mlp_head: typing.Literal["train_only", "export", "none"] = "train_only"
     max_seq_length: int = 32
     trust_remote_code: bool = False
+    # An MCR² compression head to fine-tune end to end with the encoder: a models/mcr2-<dim>
+    # directory written by jobs/train_mcr2.py (its compression_head.safetensors); the
+    # encoder's vectors pass through it, in training, selection and the export.
+    compression_head: str | None = None
 
 
 @dataclass
@@ -410,8 +416,9 @@ class DataConfig:
     text_column: str = "text"
     hf_split: str = "train"
     # "sentences": one text per row, two dropout views (InforMin-CL / SimCSE).
-    # "pairs": anchor/positive columns (InfoCSE), with an optional group column (document id)
-    # whose rows are never used as each other's negatives.
+    # "pairs": anchor/positive columns (InfoCSE).
+    # Either kind: an optional group column (document id) whose rows are never used as each
+    # other's negatives, and which are MCR²'s clusters (loss.mcr2_weight).
     kind: typing.Literal["sentences", "pairs"] = "sentences"
     anchor_column: str = "anchor"
     positive_column: str = "positive"
@@ -460,7 +467,15 @@ class LossConfig:
     # way to shrink a model; the distilled vector is the exported one (no train-only MLP).
     distill_weight: float = 0.0
     # The teacher of δ: a model path or hub name sharing the student's tokenizer and width.
+    # Also the teacher of loss.mcr2's neighbourhood term (None there: model.path, the start).
     distill_teacher: str | None = None
+    # γ, the weight of the MCR² objective (losses/mcr2.py) on each worker's batch: −R(Z) +
+    # R_c(Z, Π) with Π the batch's data.group_column, − λ·cos of the two dropout views,
+    # + μ·KL to the teacher's in-batch neighbours. 0 turns it off (InforMin-CL).
+    mcr2_weight: float = 0.0
+    mcr2: MCR2LossConfig = field(
+        default_factory=lambda: MCR2LossConfig(distill_weight=COMPRESSION_DISTILL_WEIGHT)
+    )
 
 
 @dataclass
@@ -646,31 +661,88 @@ class TrainingConfig:
         )
         require_range(lo.contrastive_weight, "loss.contrastive_weight", 0)
         require_range(lo.distill_weight, "loss.distill_weight", 0)
+        require_range(lo.mcr2_weight, "loss.mcr2_weight", 0)
         _require(
-            lo.contrastive_weight + lo.reconstruction_weight + lo.mlm_weight + lo.distill_weight
+            lo.contrastive_weight
+            + lo.reconstruction_weight
+            + lo.mlm_weight
+            + lo.distill_weight
+            + lo.mcr2_weight
             > 0,
             "loss",
-            "every term has weight 0 (contrastive, reconstruction, mlm, distill): nothing to train",
+            "every term has weight 0 (contrastive, reconstruction, mlm, distill, mcr2): "
+            "nothing to train",
         )
+        if m.compression_head is not None:
+            _require(
+                Path(m.compression_head).is_dir(),
+                "model.compression_head",
+                f"{m.compression_head} is not a directory (give a models/mcr2-<dim> directory "
+                "written by jobs/train_mcr2.py)",
+            )
+            _require(
+                m.mlp_head == "none",
+                "model.mlp_head",
+                "must be none with model.compression_head: the head reads the pooled vector",
+            )
+            info_file = Path(m.compression_head) / "mcr2_head.json"
+            _require(
+                info_file.is_file(),
+                "model.compression_head",
+                f"{info_file} is missing (a models/mcr2-<dim> directory of jobs/train_mcr2.py "
+                "holds it)",
+            )
+            head_pooler = json.loads(info_file.read_text()).get("pooler")
+            _require(
+                head_pooler == m.pooler,
+                "model.pooler",
+                (
+                    f"is {m.pooler}, but the head in {m.compression_head} read {head_pooler} "
+                    "pooling (encoder.pooler of jobs/train_mcr2.py): set "
+                    f"model.pooler={head_pooler}"
+                )
+                if head_pooler
+                else f"the head in {m.compression_head} read the encoder as saved "
+                "(encoder.pooler null in jobs/train_mcr2.py); retrain it with encoder.pooler set",
+            )
+        if lo.mcr2_weight > 0:
+            validate_mcr2_loss(lo.mcr2, "loss.mcr2")
+            _require(
+                d.group_column is not None or lo.mcr2.compress_weight == 0,
+                "data.group_column",
+                "loss.mcr2_weight > 0 packs each group (document or cluster) of a batch: name "
+                "the column holding its id, or set loss.mcr2.compress_weight to 0",
+            )
+            _require(
+                m.mlp_head != "train_only",
+                "model.mlp_head",
+                "train_only with loss.mcr2_weight > 0 would shape the MLP's output, which the "
+                "export drops; use none",
+            )
+        teacher_needed = lo.distill_weight > 0 or (
+            lo.mcr2_weight > 0 and lo.mcr2.distill_weight > 0
+        )
+        if lo.distill_teacher is not None:
+            require_model_dir(lo.distill_teacher, "loss.distill_teacher")
         if lo.distill_weight > 0:
             _require(
                 lo.distill_teacher is not None,
                 "loss.distill_teacher",
                 "loss.distill_weight > 0 needs a teacher model (a path or hub name)",
             )
-            require_model_dir(lo.distill_teacher, "loss.distill_teacher")
             _require(
                 m.mlp_head != "train_only",
                 "model.mlp_head",
                 "train_only with loss.distill_weight > 0 would distil the MLP's output, which the "
                 "export drops; use none (or export)",
             )
-        else:
+        if not teacher_needed:
             _require(
                 lo.distill_teacher is None,
                 "loss.distill_teacher",
-                f"{lo.distill_teacher} is set but loss.distill_weight is 0: give the term a weight "
-                "or drop the teacher",
+                f"{lo.distill_teacher} is set but loss.distill_weight is 0 and no MCR² term "
+                "(loss.mcr2_weight, loss.mcr2.distill_weight) uses it: give a term a weight or "
+                "drop the teacher",
             )
         require_range(t.num_workers, "train.num_workers", 1)
         require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
@@ -732,6 +804,15 @@ class TrainingConfig:
     @property
     def model_path(self) -> str:
         return self.model.path or default_model_path()
+
+
+def validate_mcr2_loss(c: MCR2LossConfig, key: str) -> None:
+    """The MCR² loss's own keys (the compression job's `loss` and training's `loss.mcr2`)."""
+    require_range(c.eps, f"{key}.eps", 0, low_open=True)
+    require_range(c.pair_weight, f"{key}.pair_weight", 0)
+    require_range(c.compress_weight, f"{key}.compress_weight", 0)
+    require_range(c.distill_weight, f"{key}.distill_weight", 0)
+    require_range(c.distill_temperature, f"{key}.distill_temperature", 0, low_open=True)
 
 
 def training_config_from_dict(tree: dict) -> TrainingConfig:

@@ -51,8 +51,7 @@ def corpus_columns(data_config) -> list[str]:
 
 
 def text_rules(data_config) -> TextRows:
-    group = data_config.group_column if data_config.kind == "pairs" else None
-    return TextRows(corpus_columns(data_config), group, data_config.max_chars)
+    return TextRows(corpus_columns(data_config), data_config.group_column, data_config.max_chars)
 
 
 def corpus_path(data_config) -> str | list[str]:

@@ -164,7 +164,7 @@ def cache_key(config) -> dict:
         "cleaning": {
             "kind": data.kind,
             "columns": corpus_columns(data),
-            "group_column": data.group_column if data.kind == "pairs" else None,
+            "group_column": data.group_column,
             "hf_split": data.hf_split,
             "max_chars": data.max_chars,
             "deduplicate": data.deduplicate,

@@ -146,6 +146,13 @@ def pair_cosine(view1: torch.Tensor, view2: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(view1, view2, dim=1).mean()
 
 
+# μ of the neighbourhood term where a head compresses an encoder (the compression job's
+# default, and fine-tuning's): without it the MCR² head lost to PCA on every STS set it never
+# saw; 10 had the best STS-B + SICK-R dev average at 64 dims, level with the best at 128
+# (docs/MCR2.md, "Choosing the current default").
+COMPRESSION_DISTILL_WEIGHT = 10.0
+
+
 @dataclass
 class MCR2LossConfig:
     # ε of R(Z) = ½·logdet(I + d/(n·ε²)·ZᵀZ); the MCR² paper's ε² = 0.5 is eps ≈ 0.707.

@@ -1,15 +1,17 @@
-"""L = α·L_C + λ·L_R + β·L_MLM + δ·L_D: combines the terms with their weights; returns
-(loss, metrics). α = 1 and δ = 0 by default (InforMin-CL); α = 0, δ > 0 is plain distillation
-from a teacher (losses/distillation.py)."""
+"""L = α·L_C + λ·L_R + β·L_MLM + δ·L_D + γ·L_MCR²: combines the terms with their weights;
+returns (loss, metrics). α = 1 and δ = γ = 0 by default (InforMin-CL); α = 0, δ > 0 is plain
+distillation from a teacher (losses/distillation.py); α = 0, γ > 0 fine-tunes an encoder and
+its compression head with the MCR² objective (losses/mcr2.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from distributed_emb.losses.distillation import distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
+from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
 from distributed_emb.losses.reconstruction import reconstruction_loss
 
 
@@ -22,6 +24,8 @@ class ObjectiveWeights:
     gather_negatives: bool = True
     contrastive_weight: float = 1.0
     distill_weight: float = 0.0
+    mcr2_weight: float = 0.0
+    mcr2: MCR2LossConfig = field(default_factory=MCR2LossConfig)
 
     @classmethod
     def from_config(cls, loss_config) -> ObjectiveWeights:
@@ -33,7 +37,14 @@ class ObjectiveWeights:
             gather_negatives=loss_config.gather_negatives,
             contrastive_weight=loss_config.contrastive_weight,
             distill_weight=loss_config.distill_weight,
+            mcr2_weight=loss_config.mcr2_weight,
+            mcr2=loss_config.mcr2,
         )
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Does a term read the teacher's vectors (`teacher_vectors` of a batch)?"""
+        return self.distill_weight > 0 or (self.mcr2_weight > 0 and self.mcr2.distill_weight > 0)
 
 
 def embedding_objective(
@@ -43,9 +54,10 @@ def embedding_objective(
     groups: torch.Tensor | None = None,
     teacher_vectors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The embedding terms α·L_C + λ·L_R + δ·L_D on (B, d) views (`teacher_vectors`: the
-    teacher's (2B, d) vectors of the rows behind z1 then z2, needed when δ > 0); metrics stay
-    tensors (no host sync)."""
+    """The embedding terms α·L_C + λ·L_R + δ·L_D + γ·L_MCR² on (B, d) views (`teacher_vectors`:
+    the teacher's (2B, D) vectors of the rows behind z1 then z2, needed by δ and by MCR²'s μ;
+    `groups` (B,): the rows' documents, negatives to no one in L_C, MCR²'s clusters Π);
+    metrics stay tensors (no host sync) except MCR²'s."""
     loss = z1.new_zeros(())
     metrics = {}
     if weights.contrastive_weight > 0:  # α = 0: no gather, no similarity matrix
@@ -62,7 +74,35 @@ def embedding_objective(
         distill = distillation_loss(z1, z2, teacher_vectors)
         loss = loss + weights.distill_weight * distill
         metrics["loss_distill"] = distill.detach()
+    if weights.mcr2_weight > 0:
+        mcr2, mcr2_metrics = mcr2_term(z1, z2, weights.mcr2, groups, teacher_vectors)
+        loss = loss + weights.mcr2_weight * mcr2
+        metrics.update({f"mcr2_{k}": z1.new_tensor(v) for k, v in mcr2_metrics.items()})
     return loss, metrics
+
+
+def mcr2_term(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    config: MCR2LossConfig,
+    groups: torch.Tensor | None,
+    teacher_vectors: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The MCR² loss of the compression job's heads on this worker's first view z1 (B, d):
+    clusters = the rows' groups, the pair term between the two dropout views, the teacher's
+    rows of z1 for the neighbourhood term. Per worker, like the frozen-encoder heads' batches:
+    logdets of a gathered batch would need every worker's rows with gradients; DDP averages
+    the workers' gradients, i.e. of the mean of their losses."""
+    if groups is None:
+        if config.compress_weight > 0:
+            raise ValueError("the MCR² term needs each row's group (data.group_column)")
+        groups = torch.zeros(len(z1), dtype=torch.long, device=z1.device)
+    teacher = None
+    if config.distill_weight > 0:
+        if teacher_vectors is None:
+            raise ValueError("loss.mcr2.distill_weight > 0 but the batch has no teacher vectors")
+        teacher = teacher_vectors[: len(z1)].float()  # the rows behind z1
+    return MCR2Loss(config)(z1, groups, (z1, z2), teacher=teacher)
 
 
 def add_mlm_term(

@@ -18,19 +18,17 @@ from distributed_emb.config import (
     require_seed,
     require_sources,
     validate_logging_config,
+    validate_mcr2_loss,
     validate_ray_config,
 )
 from distributed_emb.evaluation.transfer import TransferConfig
-from distributed_emb.losses.mcr2 import MCR2LossConfig
+from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.head import ACTIVATIONS
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
-# μ of the head's neighbourhood term: the best STS-B + SICK-R dev average at 64 dims, level
-# with the best at 128 (docs/MCR2.md, "Choosing the current default").
-DEFAULT_DISTILL_WEIGHT = 10.0
 # Opt-in: fine-tunes the encoder, then re-embeds every evaluation set (mcr2/matryoshka.py).
 OPT_IN_BASELINES = ("matryoshka",)
 
@@ -107,7 +105,7 @@ class MCR2Config:
     # The head keeps the encoder's in-batch neighbours (distill_weight): without that term
     # the MCR² head lost to PCA on every STS set it never saw (docs/MCR2.md).
     loss: MCR2LossConfig = field(
-        default_factory=lambda: MCR2LossConfig(distill_weight=DEFAULT_DISTILL_WEIGHT)
+        default_factory=lambda: MCR2LossConfig(distill_weight=COMPRESSION_DISTILL_WEIGHT)
     )
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: CompressionEvalConfig = field(default_factory=CompressionEvalConfig)
@@ -170,11 +168,7 @@ class MCR2Config:
             "head.init",
             "pca starts a linear head; with head.hidden_dims set use auto or random",
         )
-        require_range(self.loss.eps, "loss.eps", 0, low_open=True)
-        require_range(self.loss.pair_weight, "loss.pair_weight", 0)
-        require_range(self.loss.compress_weight, "loss.compress_weight", 0)
-        require_range(self.loss.distill_weight, "loss.distill_weight", 0)
-        require_range(self.loss.distill_temperature, "loss.distill_temperature", 0, low_open=True)
+        validate_mcr2_loss(self.loss, "loss")
         o = self.optim
         require_range(o.epochs, "optim.epochs", 1)
         require_range(o.batch_size, "optim.batch_size", 2)

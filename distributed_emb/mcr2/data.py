@@ -20,7 +20,9 @@ Similar pairs come from
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -119,6 +121,23 @@ class TrainingSentences:
     @property
     def num_clusters(self) -> int:
         return len(self.cluster_names)
+
+    def write_parquet(self, path: str | os.PathLike) -> Path:
+        """The sentences and their cluster ids as a Parquet file (columns ``text``,
+        ``cluster_id``): the corpus of an end-to-end fine-tuning run (jobs/finetune_mcr2.py,
+        ``data.group_column=cluster_id``), so it trains on exactly the heads' data."""
+        import pyarrow as pa  # startup
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = pa.table(
+            {"text": self.texts, "cluster_id": np.asarray(self.cluster_ids, dtype=np.int64)}
+        )
+        staging = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, staging)
+        staging.replace(path)  # a crash mid-write leaves no half file under the real name
+        return path
 
 
 @dataclass

@@ -8,11 +8,10 @@ on the last) and ``Normalize``. Only stock sentence-transformers modules are use
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from distributed_emb.mcr2.head import CompressionHead
+from distributed_emb.mcr2.head import CompressionHead, save_head
 from distributed_emb.model.sentence_transformer import (
     _st_modules,
     dense_module,
@@ -52,7 +51,9 @@ def export_compressed_model(
     """Write encoder + head to `output_dir` (a SentenceTransformer directory) and return it.
 
     `metadata` (e.g. the head's STS-B dev score and training config) is saved alongside as
-    ``mcr2_head.json``; loading ignores it.
+    ``mcr2_head.json``, and the head's weights as ``compression_head.safetensors``
+    (``model.compression_head`` of an end-to-end fine-tuning run starts from them);
+    sentence-transformers ignores both.
     """
     output_dir = Path(output_dir)
     model = compressed_sentence_transformer(encoder_path, head, pooler, max_seq_length)
@@ -65,5 +66,5 @@ def export_compressed_model(
         "activation": head.activation_name,
         **(metadata or {}),
     }
-    (output_dir / "mcr2_head.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    save_head(head, output_dir, info)
     return output_dir

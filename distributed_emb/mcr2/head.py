@@ -6,9 +6,14 @@ sentence-transformers ``Dense`` modules followed by ``Normalize`` (see ``mcr2/ex
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 ACTIVATIONS: dict[str, type[torch.nn.Module]] = {
     "relu": torch.nn.ReLU,
@@ -85,3 +90,45 @@ class CompressionHead(torch.nn.Module):
             (linear, None if i == last else make_activation(self.activation_name))
             for i, linear in enumerate(self.linears)
         ]
+
+
+# An exported head's files (mcr2/export.py): its weights, and its shape and training record.
+HEAD_WEIGHTS_FILE = "compression_head.safetensors"
+HEAD_INFO_FILE = "mcr2_head.json"
+
+
+def save_head(head: CompressionHead, directory: str | os.PathLike, info: dict) -> None:
+    """The head's weights and `info` (which must hold its shape: output_dim, hidden_dims,
+    activation) into `directory`, so `load_head` can rebuild it to fine-tune end to end."""
+    directory = Path(directory)
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    save_file(state, str(directory / HEAD_WEIGHTS_FILE))
+    (directory / HEAD_INFO_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
+
+
+def read_head_info(directory: str | os.PathLike) -> dict:
+    """The saved head's ``mcr2_head.json``: its shape, the encoder and pooler it read, and its
+    training record."""
+    return json.loads((Path(directory) / HEAD_INFO_FILE).read_text())
+
+
+def load_head(directory: str | os.PathLike) -> CompressionHead:
+    """The head saved in `directory` (an MCR² export, ``models/mcr2-<dim>``), in train mode."""
+    directory = Path(directory)
+    weights, info_file = directory / HEAD_WEIGHTS_FILE, directory / HEAD_INFO_FILE
+    for path in (weights, info_file):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: model.compression_head must be a directory written by "
+                "jobs/train_mcr2.py (models/mcr2-<dim>)"
+            )
+    info = read_head_info(directory)
+    state = load_file(str(weights))
+    head = CompressionHead(
+        int(state["linears.0.weight"].shape[1]),
+        int(info["output_dim"]),
+        list(info.get("hidden_dims", [])),
+        info.get("activation", "gelu"),
+    )
+    head.load_state_dict(state, strict=True)
+    return head

@@ -11,7 +11,8 @@
    once for all methods.
 5. `export_heads`, `write_outputs`: each head with its encoder as a SentenceTransformer
    directory under ``models/``; ``results.json``, ``results.md`` (the table) and
-   ``heads_vs_baselines.png``.
+   ``heads_vs_baselines.png``. ``training_sentences.parquet`` (text, cluster_id) and the heads
+   under ``models/`` are what jobs/finetune_mcr2.py fine-tunes end to end.
 
 Metrics also go to the sinks of the ``logging`` section (distributed_emb.tracking), in
 ``output_dir``: ``train_log.jsonl`` and ``tensorboard/`` hold each head's epochs (kind
@@ -65,6 +66,9 @@ from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.tracking import MetricsSinks, write_panels
 
 log = logging.getLogger(__name__)
+
+# The heads' training sentences with their cluster ids: the corpus of jobs/finetune_mcr2.py.
+TRAINING_SENTENCES_FILE = "training_sentences.parquet"
 
 Projection = Callable[[np.ndarray], np.ndarray]
 # (output size, method) → projection of the frozen encoder's vectors, or a TextMethod
@@ -165,6 +169,7 @@ def run(config: MCR2Config) -> dict:
     )
     try:
         inputs = read_inputs(config)
+        inputs.sentences.write_parquet(output_dir / TRAINING_SENTENCES_FILE)
         encoder = CachedEncoder(config.encoder)
         with _timed(timings, "encode_training_s"):
             data, pairs_summary = embed_inputs(config, inputs, encoder)

@@ -1,4 +1,5 @@
-"""The trainable sentence encoder: HF AutoModel + pooler [+ SimCSE's training-only MLP head].
+"""The trainable sentence encoder: HF AutoModel + pooler [+ SimCSE's training-only MLP head]
+[+ an MCR² compression head, fine-tuned end to end with the encoder].
 
 Both dropout views go through ONE forward pass of 2B rows (as SimCSE does): half the kernel
 launches, and each view still gets its own dropout masks.
@@ -28,6 +29,7 @@ class TrainableEncoder(nn.Module):
         mlp_head: bool = True,
         with_mlm_head: bool = False,
         trust_remote_code: bool = False,
+        compression_head: nn.Module | None = None,
     ):
         super().__init__()
         if pooler not in POOLERS:
@@ -45,6 +47,9 @@ class TrainableEncoder(nn.Module):
         # SimCSE's MLP: fresh dense + tanh over the pooled vector.
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
         self.mlm_model = self._attach_mlm_head(trust_remote_code) if with_mlm_head else None
+        # An MCR² head (mcr2/head.py) trained on the frozen encoder's pooled vectors (the same
+        # pooler: config validation checks it), trained on from there.
+        self.compression_head = compression_head
         self.pad_to_multiple_of: int | None = None  # set by compile_backbone
 
     def compile_backbone(self, pad_to_multiple_of: int = 8) -> None:
@@ -113,12 +118,15 @@ class TrainableEncoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ):
         """(N, L) token ids → (N, h) pooled vectors (through the MLP head when training with
-        one). With `mlm_input_ids` (M, L) also returns the MLM logits (M, L, V): one call, so
+        one; through the compression head, (N, d) unit rows, when there is one). With
+        `mlm_input_ids` (M, L) also returns the MLM logits (M, L, V): one call, so
         DDP sees every parameter used in one forward."""
         hidden = self._run_backbone(input_ids, attention_mask, token_type_ids)
         pooled = self.pool(hidden, attention_mask)
         if use_mlp and self.mlp is not None:
             pooled = self.mlp(pooled)
+        if self.compression_head is not None:
+            pooled = self.compression_head(pooled)
         if mlm_input_ids is None:
             return pooled
         if self.mlm_model is None:

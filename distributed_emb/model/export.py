@@ -2,8 +2,10 @@
 
 The directory holds Transformer → Pooling [→ Dense (the checkpoint's pooler, for `cls`)]
 [→ Dense (the SimCSE MLP, only when mlp_head == "export")] [→ Normalize, when the starting
-model had one], so `SentenceTransformer(path)` computes exactly `model/embedder.py` `embed_module`
-(L2-normalised in the last case; checked by tests/model/test_export.py).
+model had one]; with an MCR² compression head, its Dense layers and a Normalize follow the
+pooling instead, so `SentenceTransformer(path)` computes exactly `model/embedder.py`
+`embed_module` (L2-normalised in the last cases; checked by tests/model/test_export.py and
+tests/train/test_mcr2_finetune.py).
 
 With a `ModelCardInfo` (model/model_card.py) the directory's README.md is a filled model card:
 base model, licence, corpus, method and objective, hyperparameters, STS-B scores, command.
@@ -57,7 +59,10 @@ def export_sentence_transformer(
             stack.append(dense_module(hf_pooler_dense(encoder.backbone), torch.nn.Tanh()))
         if include_mlp and encoder.mlp is not None:
             stack.append(dense_module(encoder.mlp[0], torch.nn.Tanh()))
-        if normalize:
+        head = encoder.compression_head
+        if head is not None:  # the same stack as mcr2/export.py's frozen-encoder export
+            stack += [dense_module(linear, act) for linear, act in head.layers_for_export()]
+        if normalize or head is not None:  # the head's output is unit length
             stack.append(modules.Normalize())
         model = SentenceTransformer(
             modules=stack, device="cpu", model_card_data=card_data(card) if card else None

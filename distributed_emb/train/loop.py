@@ -34,6 +34,7 @@ from distributed_emb.data.epoch_stream import (
 )
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.losses.objective import ObjectiveWeights
+from distributed_emb.mcr2.head import load_head
 from distributed_emb.model.embedder import embed_module
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
@@ -50,12 +51,14 @@ DEV_METRIC = "stsb_dev_spearman"
 
 
 def build_encoder(config: TrainingConfig) -> TrainableEncoder:
+    head_dir = config.model.compression_head
     encoder = TrainableEncoder(
         config.model_path,
         pooler=config.model.pooler,
         mlp_head=config.model.mlp_head != "none",
         with_mlm_head=config.loss.mlm_weight > 0,
         trust_remote_code=config.model.trust_remote_code,
+        compression_head=load_head(head_dir) if head_dir else None,
     )
     if config.train.compile:
         encoder.compile_backbone()
@@ -120,9 +123,9 @@ class WorkerRun:
             self.encoder, self._decided_precision(), self.total_steps, self.device
         )
         self.weights = ObjectiveWeights.from_config(config.loss)
-        # Distillation's frozen teacher (loss.distill_weight > 0): its vectors are each batch's
-        # targets, computed before the step (train/teacher.py).
-        self.teacher = Teacher(config, self.device) if config.loss.distill_weight > 0 else None
+        # Distillation's frozen teacher (loss.distill_weight, or MCR²'s μ): its vectors are
+        # each batch's targets, computed before the step (train/teacher.py).
+        self.teacher = Teacher(config, self.device) if self.weights.needs_teacher else None
         self.accumulation = config.train.gradient_accumulation_steps
         self.step_fn = _step_function(config)
 

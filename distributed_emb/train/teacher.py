@@ -1,12 +1,15 @@
-"""The frozen teacher of the distillation term (`loss.distill_teacher`, losses/distillation.py).
+"""The frozen teacher of the distillation term (`loss.distill_teacher`, losses/distillation.py)
+and of the MCR² term's neighbourhood part (`loss.mcr2.distill_weight`; teacher: the starting
+model unless `loss.distill_teacher` names another).
 
 Every Train worker holds its own copy in eval mode (no dropout: the target is the teacher's
 vector, not a noisy view) and embeds each batch with it, without a graph, before the step.
 The teacher reads the student's token ids, so the two must share a vocabulary, and their
 vectors are compared element by element, so they must have the same width: check_teacher
-verifies both on the driver before Ray Train is asked for anything. The teacher pools as the
-student does (`model.pooler`); modules a sentence-transformers teacher adds after pooling
-(Dense, Normalize) are not applied.
+verifies both on the driver before Ray Train is asked for anything (MCR²'s term compares
+in-batch similarities, so its teacher may be wider than the compressed student). The
+teacher pools as the student does (`model.pooler`); modules a sentence-transformers teacher
+adds after pooling (Dense, Normalize) are not applied.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from distributed_emb.model.encoder import TrainableEncoder
 def check_teacher(config: TrainingConfig) -> None:
     """Refuse, naming the key, a teacher whose vocabulary or width differs from the student's."""
     teacher = config.loss.distill_teacher
-    if config.loss.distill_weight == 0 or teacher is None:
+    if teacher is None:  # none, or MCR²'s default: the starting model itself
         return
     student, trust = config.model_path, config.model.trust_remote_code
     teacher_vocab = AutoTokenizer.from_pretrained(teacher, trust_remote_code=trust).get_vocab()
@@ -32,6 +35,8 @@ def check_teacher(config: TrainingConfig) -> None:
             f"model.path {student}'s ({len(student_vocab)}): the teacher embeds the student's "
             "token ids, so both need the same tokenizer"
         )
+    if config.loss.distill_weight == 0:  # MCR²'s term alone compares similarities, not vectors
+        return
     widths = [
         AutoConfig.from_pretrained(path, trust_remote_code=trust).hidden_size
         for path in (teacher, student)
@@ -49,7 +54,7 @@ class Teacher:
 
     def __init__(self, config: TrainingConfig, device: torch.device):
         self.encoder = TrainableEncoder(
-            config.loss.distill_teacher,
+            config.loss.distill_teacher or config.model_path,
             pooler=config.model.pooler,
             mlp_head=False,
             trust_remote_code=config.model.trust_remote_code,

@@ -133,6 +133,15 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert rows[(8, "pca_whiten")]["stsb_test"] != rows[(8, "pca")]["stsb_test"]
 
     out = Path(config.output_dir)
+    # The corpus of end-to-end fine-tuning: exactly the heads' sentences and cluster ids.
+    import pyarrow.parquet as pq
+
+    from distributed_emb.mcr2.data import load_training_sentences
+
+    sentences = load_training_sentences(config.sentences)
+    table = pq.read_table(out / pipeline.TRAINING_SENTENCES_FILE).to_pydict()
+    assert table["text"] == sentences.texts
+    assert table["cluster_id"] == sentences.cluster_ids.tolist()
     written = json.loads((out / "results.json").read_text())
     assert len(written["table"]) == 9 and "| 4 | mcr2 |" in (out / "results.md").read_text()
     model = SentenceTransformer(results["exported_models"][8], device="cpu")
