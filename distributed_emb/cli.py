@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import io
@@ -16,6 +17,7 @@ import sys
 import textwrap
 import tokenize
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -229,27 +231,46 @@ def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
     # Ray's GCS, raylet and worker gRPC ports listen on every interface whatever the node IP:
     # token auth is what refuses strangers, so it is set here, not left to Ray's default.
     require_local_token_auth()
-    # Ray starts its workers at nice 15 (its `worker_niceness`), so on a machine doing anything
-    # else a local run gets only the CPU left over, while the plain script a user compares it
-    # with runs at 0. A local run is the user's foreground job: its workers run at the driver's
-    # priority. An explicit RAY_worker_niceness still wins; `ray start` clusters keep Ray's.
-    set_niceness = "RAY_worker_niceness" not in os.environ
-    if set_niceness:
-        os.environ["RAY_worker_niceness"] = "0"  # read by the local raylet at start
     try:
-        ray.init(
-            # A new instance of our own, never a `ray start` cluster that happens to run on
-            # this machine (that one is joined only through RAY_ADDRESS / ray.address).
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=state_api,
-            object_store_memory=store * 1024**2 if store else None,
-            runtime_env=runtime_env,
-        )
+        with local_instance_environment():
+            ray.init(
+                # A new instance of our own, never a `ray start` cluster that happens to run
+                # on this machine (that one is joined only through RAY_ADDRESS / ray.address).
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=state_api,
+                object_store_memory=store * 1024**2 if store else None,
+                runtime_env=runtime_env,
+            )
     finally:
         os.environ.pop("RAY_GCS_SERVER_PORT", None)
-        if set_niceness:
-            os.environ.pop("RAY_worker_niceness", None)
+
+
+# Read by a local raylet when it starts, and inherited by every worker it spawns; an explicit
+# value in the environment still wins, and `ray start` clusters keep Ray's own defaults.
+# - RAY_worker_niceness: Ray starts its workers at nice 15, so on a machine doing anything else
+#   a local run gets only the CPU left over, while the plain script a user compares it with
+#   runs at 0. A local run is the user's foreground job: its workers run at the driver's.
+# - RAY_TRAIN_ENABLE_PREEMPTION_WATCHER: Ray Train starts an actor per run that polls for spot
+#   node preemption; one machine has no node to lose to a preemption, and the actor's start
+#   costs each run seconds of a small machine's CPU.
+LOCAL_INSTANCE_ENVIRONMENT = {
+    "RAY_worker_niceness": "0",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+@contextlib.contextmanager
+def local_instance_environment() -> Iterator[None]:
+    """LOCAL_INSTANCE_ENVIRONMENT's variables that are unset, set while a local Ray starts."""
+    added = [name for name in LOCAL_INSTANCE_ENVIRONMENT if name not in os.environ]
+    for name in added:
+        os.environ[name] = LOCAL_INSTANCE_ENVIRONMENT[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def require_local_token_auth() -> None:

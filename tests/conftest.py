@@ -106,14 +106,14 @@ def ray_local():
 
     Its workers run at the driver's priority, as cli.start_ray starts a local run's (Ray's own
     default, nice 15, leaves them only the CPU that the driver, Ray's own processes and anything
-    else on the machine do not want; tests/cluster/test_local_ray_priority.py checks the jobs)."""
+    else on the machine do not want; tests/cluster/test_local_ray_priority.py checks the jobs),
+    and Ray Train starts no preemption watcher (cli.LOCAL_INSTANCE_ENVIRONMENT)."""
     import ray
 
+    from distributed_emb.cli import local_instance_environment
+
     if not ray.is_initialized():
-        set_niceness = "RAY_worker_niceness" not in os.environ
-        if set_niceness:
-            os.environ["RAY_worker_niceness"] = "0"  # read by the local raylet at start
-        try:
+        with local_instance_environment():  # as cli.start_ray starts a local run's Ray
             ray.init(
                 address="local",  # never a `ray start` cluster another test left on the machine
                 num_cpus=os.cpu_count(),
@@ -121,9 +121,6 @@ def ray_local():
                 object_store_memory=512 * 1024**2,
                 log_to_driver=True,
             )
-        finally:
-            if set_niceness:
-                os.environ.pop("RAY_worker_niceness", None)
     yield ray
     ray.shutdown()
 

@@ -1,5 +1,6 @@
 """A local run's Ray workers run at the driver's priority, not at Ray's default nice 15 (which
-leaves training only the CPU that anything else on the machine does not want)."""
+leaves training only the CPU that anything else on the machine does not want), and see Ray
+Train's preemption watcher turned off (cli.LOCAL_INSTANCE_ENVIRONMENT)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ from distributed_emb.config import TrainingConfig, load_config
 start_ray(load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]))
 
 @ray.remote
-def niceness():
-    return os.nice(0)
+def worker_settings():
+    return os.nice(0), os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
 
-print(json.dumps({"driver": os.nice(0), "worker": ray.get(niceness.remote()),
+nice, watcher = ray.get(worker_settings.remote())
+print(json.dumps({"driver": os.nice(0), "worker": nice, "watcher": watcher,
                   "env_left": os.environ.get("RAY_worker_niceness")}), flush=True)
 ray.shutdown()
 """
@@ -50,9 +52,11 @@ def _probe(env: dict[str, str]) -> dict:
 def test_local_workers_run_at_the_drivers_priority_unless_the_user_says_otherwise(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
     env["HOME"] = str(tmp_path)  # the token file start_ray writes stays in the test's directory
+    env.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)
     seen = _probe(env)
     assert seen["worker"] == seen["driver"]
+    assert seen["watcher"] == "0"  # Ray Train's controller, a worker too, reads it there
     assert seen["env_left"] is None  # the setting is not left behind in the driver's env
 
-    seen = _probe({**env, "RAY_worker_niceness": "7"})
-    assert seen["worker"] == 7
+    seen = _probe({**env, "RAY_worker_niceness": "7", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"})
+    assert seen["worker"] == 7 and seen["watcher"] == "1"
