@@ -7,8 +7,9 @@ With no arguments: the packaged all-MiniLM-L6-v2 (mean pooling), every sentence 
 Wikipedia articles and Lee news documents (clusters = documents), label-free similar pairs from
 InfoCSE's intra-document clustering, heads for 64 and 128 dims, the best epoch by STS-B dev,
 evaluated on the shipped STS-B. --senteval-data DIR [DIR ...] points the evaluation (and the
-selection on STS-B dev, from the first) at SentEval data/downstream directories, which adds
-SICK-R, the transfer tasks and STS12–16 where they hold them. Every knob is in
+selection, from the first: the mean of STS-B dev and SICK-R dev where it holds SICK) at
+SentEval data/downstream directories, which adds SICK-R, the transfer tasks and STS12–16
+where they hold them. Every knob is in
 jobs/configs/mcr2.yaml; see docs/MCR2.md.
 """
 

@@ -73,11 +73,12 @@ class OptimConfig:
 
 @dataclass
 class CompressionEvalConfig:
-    # A SentEval data/downstream dir (None: the shipped STS-B only). STS-B dev there selects
-    # the best epoch; every STS, transfer and retrieval task present in it is reported.
+    # A SentEval data/downstream dir (None: the shipped STS-B only). Its dev sets select the
+    # best epoch (STS-B dev, and SICK-R dev where it holds SICK: their mean); every STS,
+    # transfer and retrieval task present in it is reported.
     senteval_dir: str | None = None
     # More data/downstream dirs to evaluate on (e.g. one holding STS12–16): each task is read
-    # from the first dir, senteval_dir first, that holds it. Selection stays on STS-B dev.
+    # from the first dir, senteval_dir first, that holds it. Selection stays on senteval_dir.
     extra_senteval_dirs: list[str] = field(default_factory=list)
     tasks: list[Literal["sts", "transfer", "retrieval"]] = field(
         default_factory=lambda: ["sts", "transfer", "retrieval"]

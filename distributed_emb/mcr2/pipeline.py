@@ -2,9 +2,10 @@
 
 `run` reads top to bottom:
 
-1. `read_inputs`: the training sentences (with cluster ids), the similar pairs and STS-B dev.
+1. `read_inputs`: the training sentences (with cluster ids), the similar pairs and the dev
+   sets that select (STS-B dev, and SICK-R dev where the SentEval data has it).
 2. `embed_inputs`: all of them through the frozen encoder in one Ray Data pass (cached on disk).
-3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by STS-B dev),
+3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by dev avg),
    and PCA and a random projection fitted on the same training vectors.
 4. `evaluate_methods`: every method, and the uncompressed encoder, through the evaluation
    suite on the tasks present in the SentEval directory; each distinct sentence is embedded
@@ -37,7 +38,6 @@ import torch
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.report import write_results
-from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.evaluation.suite import (
     GROUPS as TASK_GROUPS,
 )
@@ -61,7 +61,7 @@ from distributed_emb.mcr2.embeddings import CachedEncoder
 from distributed_emb.mcr2.export import export_compressed_model
 from distributed_emb.mcr2.matryoshka import train_matryoshka, truncate
 from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, results_table, summarise
-from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, train_head
+from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, dev_scores, train_head
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.tracking import MetricsSinks, write_panels
 
@@ -79,8 +79,8 @@ Methods = dict[tuple[int, str], "Projection | TextMethod"]
 class RunInputs:
     sentences: TrainingSentences
     pairs: SimilarPairs | None
-    senteval_dir: str  # STS-B dev (selection) comes from here
-    dev: sd.StsData
+    senteval_dir: str  # the dev sets (selection) come from here
+    dev: dict[str, sd.StsData]  # "stsb_dev", and "sickr_dev" where senteval_dir has SICK
     # Every evaluation directory: senteval_dir, then eval.extra_senteval_dirs.
     eval_dirs: list[str] = dataclasses.field(default_factory=list)
 
@@ -185,7 +185,7 @@ def run(config: MCR2Config) -> dict:
                 matryoshka = train_matryoshka_baseline(config, inputs, output_dir)
                 methods.update(matryoshka_methods(config, matryoshka, encoder))
         with _timed(timings, "evaluate_s"):
-            evaluation = evaluate_methods(config, methods, encoder, inputs, data.dev, sinks)
+            evaluation = evaluate_methods(config, methods, encoder, inputs, sinks)
         exported = {}
         if config.export:
             with _timed(timings, "export_s"):
@@ -201,7 +201,8 @@ def run(config: MCR2Config) -> dict:
             "heads": {
                 dim: {
                     "best_epoch": h.best_epoch,
-                    "best_stsb_dev": h.best_dev_spearman,
+                    "best_stsb_dev": h.best_dev["stsb_dev"],
+                    "best_dev": h.best_dev,
                     "seconds": h.seconds,
                     "history": h.history,
                 }
@@ -237,9 +238,18 @@ def read_inputs(config: MCR2Config) -> RunInputs:
         sentences,
         pairs,
         senteval_dir,
-        sd.read_sts_benchmark(senteval_dir, "dev"),
+        read_dev_sets(senteval_dir),
         [senteval_dir, *config.eval.extra_senteval_dirs],
     )
+
+
+def read_dev_sets(senteval_dir: str) -> dict[str, sd.StsData]:
+    """The selection sets: STS-B dev, and SICK-R dev (SICK_trial) when the directory has SICK.
+    Two domains, so an epoch is not picked for STS-B's news/captions/forums alone."""
+    dev = {"stsb_dev": sd.read_sts_benchmark(senteval_dir, "dev")}
+    if sd.task_present(senteval_dir, "SICKRelatedness", TASK_SPECS["SICKRelatedness"].needed):
+        dev["sickr_dev"] = sd.read_sick_relatedness(senteval_dir, "dev")
+    return dev
 
 
 def embed_inputs(
@@ -247,9 +257,10 @@ def embed_inputs(
 ) -> tuple[HeadTrainingData, str]:
     """The frozen encoder's vectors of everything the heads train and select on, embedded in
     one pass; and a one-line description of the pair term's data."""
-    sentences, pairs, dev = inputs.sentences, inputs.pairs, inputs.dev
+    sentences, pairs = inputs.sentences, inputs.pairs
     train_texts = sentences.texts + (pairs.anchors + pairs.positives if pairs else [])
-    encoder(train_texts + dev.sentences1 + dev.sentences2)  # one pass; the calls below hit it
+    dev_texts = [s for dev in inputs.dev.values() for s in dev.sentences1 + dev.sentences2]
+    encoder(train_texts + dev_texts)  # one pass; the calls below hit it
     x = encoder(sentences.texts)  # (n, D)
     if pairs is None and config.pairs.source == "idc":
         pairs = inputs.pairs = idc_pairs(sentences.texts, x, sentences.cluster_ids, config.pairs)
@@ -267,7 +278,10 @@ def embed_inputs(
         x,
         sentences.cluster_ids if config.assignments.source == "column" else None,
         pair_vectors,
-        (encoder(dev.sentences1), encoder(dev.sentences2), dev.scores),
+        {
+            name: (encoder(dev.sentences1), encoder(dev.sentences2), dev.scores)
+            for name, dev in inputs.dev.items()
+        },
     )
     return data, pairs_summary
 
@@ -275,7 +289,7 @@ def embed_inputs(
 def train_heads(
     config: MCR2Config, data: HeadTrainingData, sinks: MetricsSinks
 ) -> dict[int, TrainedHead]:
-    """One MCR² head per output size, each at its best STS-B dev epoch; every epoch's
+    """One MCR² head per output size, each at its best dev-avg epoch; every epoch's
     metrics go to the sinks (kind ``head_<dim>``)."""
     heads: dict[int, TrainedHead] = {}
     for dim in config.output_dims:
@@ -286,9 +300,10 @@ def train_heads(
         for row in trained.history:
             sinks.log(row["epoch"], {k: v for k, v in row.items() if k != "epoch"}, f"head_{dim}")
         log.info(
-            "MCR² head %d: best STS-B dev %.2f at epoch %d (%.1f s)",
+            "MCR² head %d: best dev avg %.2f (%s) at epoch %d (%.1f s)",
             dim,
-            trained.best_dev_spearman,
+            trained.best_dev["dev_avg"],
+            ", ".join(f"{k} {v:.2f}" for k, v in trained.best_dev.items() if k != "dev_avg"),
             trained.best_epoch,
             trained.seconds,
         )
@@ -359,7 +374,6 @@ def evaluate_methods(
     methods: Methods,
     encoder: CachedEncoder,
     inputs: RunInputs,
-    dev_vectors: tuple[np.ndarray, np.ndarray, np.ndarray],
     sinks: MetricsSinks,
 ) -> Evaluation:
     """Every method through the suite, on the tasks present; each table row also goes to the
@@ -385,17 +399,19 @@ def evaluate_methods(
     for (dim, method), project in methods.items():
         if isinstance(project, TextMethod):
             encode = project.encode
-            dev_pair = (encode(inputs.dev.sentences1), encode(inputs.dev.sentences2))
         else:
 
             def encode(texts: list[str], project=project) -> np.ndarray:
-                return project(encoder(texts))
+                return project(encoder(texts))  # the frozen encoder's vectors are cached
 
-            dev_pair = (project(dev_vectors[0]), project(dev_vectors[1]))
-        stsb_dev = spearman_of_embeddings(*dev_pair, inputs.dev.scores)
+        def embed_dev(name: str, side: int, encode=encode) -> np.ndarray:
+            dev = inputs.dev[name]
+            return encode(dev.sentences2 if side else dev.sentences1)
+
+        selection = dev_scores(embed_dev, {name: dev.scores for name, dev in inputs.dev.items()})
         output = merge_outputs([evaluate(c, encode=encode) for c in eval_configs])
         evaluation.suite_outputs[f"{method}-{dim}"] = output
-        summary = summarise(output, stsb_dev)
+        summary = summarise(output, selection)
         evaluation.rows.append({"dim": dim, "method": method, **summary})
         sinks.log(dim, summary, method)
         log.info("evaluated %s-%d: %s", method, dim, evaluation.rows[-1])
@@ -432,7 +448,8 @@ def export_heads(
             pooler=config.encoder.pooler,
             max_seq_length=config.encoder.max_seq_length,
             metadata={
-                "stsb_dev": trained.best_dev_spearman,
+                "stsb_dev": trained.best_dev["stsb_dev"],
+                "dev": trained.best_dev,
                 "best_epoch": trained.best_epoch,
                 "loss": dataclasses.asdict(config.loss),
             },

@@ -1,5 +1,6 @@
-"""The comparison: output sizes × methods × {STS-B dev, STS-B test, SICK-R test, STS12–16,
-unseen-STS avg, STS avg, transfer avg, retrieval}, as a table and as a plot."""
+"""The comparison: output sizes × methods × {dev avg (the heads' selection: STS-B dev and,
+where present, SICK-R dev), STS-B dev, STS-B test, SICK-R test, STS12–16, unseen-STS avg,
+STS avg, transfer avg, retrieval}, as a table and as a plot."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from distributed_emb.tables import markdown_table
 from distributed_emb.tracking import Panel
 
 COLUMNS = (
+    ("dev_avg", "dev avg"),
     ("stsb_dev", "STS-B dev"),
     ("stsb_test", "STS-B test"),
     ("sickr_test", "SICK-R test"),
@@ -24,14 +26,15 @@ COLUMNS = (
 PLOT_FILE = "heads_vs_baselines.png"
 
 
-def summarise(suite_output: dict, stsb_dev: float) -> dict:
+def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
     """The table's numbers from one method's evaluation-suite output (see evaluation/suite.py).
 
     ``sts_avg`` averages the headline Spearman of every STS task present (STS12–16 pooled,
-    STS-B test, SICK-R test); ``unseen_sts_avg`` the same without STS-B, the domain the
-    heads are selected on (STS-B dev); ``sts12_16`` the mean of the STS12–16 years present
-    (each year's subsets pooled); ``transfer_avg`` the accuracy of every transfer task
-    present. Absent groups give None, shown as "-".
+    STS-B test, SICK-R test); ``unseen_sts_avg`` the same without STS-B, the heads' main
+    selection domain; ``dev_scores`` are the method's dev Spearmans (``stsb_dev``, maybe
+    ``sickr_dev``, and their mean ``dev_avg``: train.dev_scores); ``sts12_16`` the mean
+    of the STS12–16 years present (each year's subsets pooled); ``transfer_avg`` the accuracy
+    of every transfer task present. Absent groups give None, shown as "-".
     """
     sts = suite_output.get("sts") or {}
     transfer = suite_output.get("transfer") or {}
@@ -44,7 +47,9 @@ def summarise(suite_output: dict, stsb_dev: float) -> dict:
     sick = sts.get("SICKRelatedness")
     first_retrieval = next(iter(retrieval.values()), None)
     return {
-        "stsb_dev": stsb_dev,
+        "dev_avg": dev_scores["dev_avg"],
+        "stsb_dev": dev_scores["stsb_dev"],
+        "sickr_dev": dev_scores.get("sickr_dev"),
         "stsb_test": headline("sts", "STSBenchmark", stsb) if stsb else None,
         "sickr_test": headline("sts", "SICKRelatedness", sick) if sick else None,
         "sts12_16": float(np.mean(years)) if years else None,
@@ -76,7 +81,7 @@ def results_table(rows: list[dict]) -> str:
 def comparison_panels(rows: list[dict], head_histories: dict[int, list[dict]]) -> list[Panel]:
     """The plot's charts: each column of the table with any number, against the output size,
     one line per method (the uncompressed ``full`` row a dashed reference line); then each
-    head's STS-B dev per training epoch."""
+    head's dev average (its selection score) per training epoch."""
     sizes = sorted({row["dim"] for row in rows if row["method"] != "full"})
     methods = list(dict.fromkeys(row["method"] for row in rows if row["method"] != "full"))
     panels = []
@@ -100,10 +105,10 @@ def comparison_panels(rows: list[dict], head_histories: dict[int, list[dict]]) -
         panels.append(Panel(title, "output size", series, references, sizes, scale))
     panels.append(
         Panel(
-            "MCR² head training: STS-B dev",
+            "MCR² head training: dev avg",
             "epoch",
             {
-                f"head {dim}": [(r["epoch"], r["stsb_dev"]) for r in history]
+                f"head {dim}": [(r["epoch"], r["dev_avg"]) for r in history]
                 for dim, history in head_histories.items()
             },
         )

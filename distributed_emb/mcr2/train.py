@@ -1,4 +1,5 @@
-"""Train one MCR² compression head on cached encoder vectors; keep the best epoch by STS-B dev.
+"""Train one MCR² compression head on cached encoder vectors; keep the best epoch on the dev
+sets (STS-B dev, and SICK-R dev where the SentEval data has it: their mean Spearman).
 
 Everything here is vectors in, vectors out: the frozen encoder ran once beforehand
 (``mcr2/embeddings.py``), so an epoch over a few thousand sentences takes well under a second
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +37,9 @@ class HeadTrainingData:
     sentences: np.ndarray  # (n, D) frozen-encoder vectors of the training sentences
     cluster_ids: np.ndarray | None  # (n,) int64, or None when Π is learned
     pairs: tuple[np.ndarray, np.ndarray] | None  # ((m, D), (m, D)) similar pairs, or None
-    dev: tuple[np.ndarray, np.ndarray, np.ndarray]  # STS-B dev: (p, D), (p, D), (p,) scores
+    # Selection sets by name ("stsb_dev", "sickr_dev"): (p, D), (p, D), (p,) gold scores each.
+    # The mean of their Spearmans ("dev_avg") picks the epoch.
+    dev: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -43,21 +47,37 @@ class TrainedHead:
     head: CompressionHead  # the best epoch's weights, in eval mode
     assignment_head: SoftAssignmentHead | None
     best_epoch: int  # 0 = the untrained head
-    best_dev_spearman: float
+    best_dev: dict[str, float]  # that epoch's Spearman × 100 per dev set, and their "dev_avg"
     history: list[dict] = field(default_factory=list)  # one row of metrics per epoch
     seconds: float = 0.0
 
 
-def head_dev_spearman(head: CompressionHead, dev: tuple[np.ndarray, ...]) -> float:
-    """STS-B dev Spearman × 100 of the head's vectors (the project's one STS implementation)."""
-    e1, e2, scores = dev
+def dev_scores(
+    embed: Callable[[str, int], np.ndarray], gold: dict[str, np.ndarray]
+) -> dict[str, float]:
+    """Spearman × 100 on each dev set (the project's one STS implementation) and their mean,
+    ``dev_avg``: the selection score of heads and the table. `gold` holds each set's gold
+    scores by name; `embed(name, side)` gives the method's vectors of that set's first
+    (side 0) or second (1) sentences."""
+    scores = {
+        name: spearman_of_embeddings(embed(name, 0), embed(name, 1), scores)
+        for name, scores in gold.items()
+    }
+    scores["dev_avg"] = float(np.mean(list(scores.values())))
+    return scores
+
+
+def head_dev_scores(head: CompressionHead, dev: dict[str, tuple[np.ndarray, ...]]) -> dict:
+    """`dev_scores` of the head's vectors of the dev sets' encoder vectors."""
     was_training = head.training
     head.eval()
     with torch.no_grad():
-        z1 = head(torch.from_numpy(e1)).numpy()  # (p, d)
-        z2 = head(torch.from_numpy(e2)).numpy()  # (p, d)
+        scores = dev_scores(
+            lambda name, side: head(torch.from_numpy(dev[name][side])).numpy(),
+            {name: gold for name, (_, _, gold) in dev.items()},
+        )
     head.train(was_training)
-    return spearman_of_embeddings(z1, z2, scores)
+    return scores
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -78,7 +98,7 @@ def train_head(
     optim: OptimConfig,
     log_every: int = 1,
 ) -> TrainedHead:
-    """Train a head to `output_dim`; return it at its best STS-B dev epoch. A log line every
+    """Train a head to `output_dim`; return it at its best dev epoch (``dev_avg``). A log line every
     `log_every` epochs and at the last (`history` holds every epoch)."""
     start = time.perf_counter()
     torch.manual_seed(optim.seed)
@@ -111,12 +131,12 @@ def train_head(
         pair_order = torch.randperm(len(anchors), generator=generator)
         pair_cursor = 0
 
-    best = {"epoch": 0, "dev": head_dev_spearman(head, data.dev)}
+    best = {"epoch": 0, "dev": head_dev_scores(head, data.dev)}
     best_state = (
         copy.deepcopy(head.state_dict()),
         assigner and copy.deepcopy(assigner.state_dict()),
     )
-    history = [{"epoch": 0, "stsb_dev": best["dev"]}]
+    history = [{"epoch": 0, **best["dev"]}]
     for epoch in range(1, optim.epochs + 1):
         head.train()
         sums: dict[str, float] = {}
@@ -140,10 +160,10 @@ def train_head(
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         row = {"epoch": epoch, **{k: v / len(batches) for k, v in sums.items()}}
-        row["stsb_dev"] = head_dev_spearman(head, data.dev)
+        row.update(head_dev_scores(head, data.dev))
         history.append(row)
-        if row["stsb_dev"] > best["dev"]:
-            best = {"epoch": epoch, "dev": row["stsb_dev"]}
+        if row["dev_avg"] > best["dev"]["dev_avg"]:
+            best = {"epoch": epoch, "dev": {k: row[k] for k in (*data.dev, "dev_avg")}}
             best_state = (
                 copy.deepcopy(head.state_dict()),
                 assigner and copy.deepcopy(assigner.state_dict()),
@@ -151,12 +171,12 @@ def train_head(
         if epoch % log_every and epoch != optim.epochs:
             continue
         log.info(
-            "dim %d epoch %d: loss %.4e, ΔR %.3f, STS-B dev %.2f",
+            "dim %d epoch %d: loss %.4e, ΔR %.3f, dev avg %.2f",
             output_dim,
             epoch,
             row.get("loss", float("nan")),
             row.get("rate_reduction", float("nan")),
-            row["stsb_dev"],
+            row["dev_avg"],
         )
     head.load_state_dict(best_state[0])
     head.eval()

@@ -214,3 +214,15 @@ def test_only_the_head_training_runs_on_optim_torch_threads():
     with pytest.raises(RuntimeError), torch_threads(1):
         raise RuntimeError("a failing head still gives the threads back")
     assert torch.get_num_threads() == before
+
+
+def test_heads_are_selected_on_sickr_dev_too_where_the_data_has_it(senteval_dir):
+    """STS-B dev alone with the shipped data; STS-B dev and SICK-R dev (SICK_trial, 500
+    pairs) with SentEval's."""
+    from distributed_emb.mcr2 import pipeline
+    from distributed_emb.paths import shipped_senteval_dir
+
+    assert list(pipeline.read_dev_sets(shipped_senteval_dir())) == ["stsb_dev"]
+    dev = pipeline.read_dev_sets(str(senteval_dir))
+    assert list(dev) == ["stsb_dev", "sickr_dev"]
+    assert len(dev["sickr_dev"].scores) == 500 and len(dev["stsb_dev"].scores) == 1500
