@@ -167,6 +167,7 @@ class MCR2LossConfig:
     # in-batch neighbours (losses/distillation.py); 0, the plain MCR² objective, turns it off.
     # The compression job sets it (mcr2/config.py).
     distill_weight: float = 0.0
+    # τ of both softmaxes over in-batch cosine similarities in that term (SimCSE's τ).
     distill_temperature: float = 0.05
 
 
