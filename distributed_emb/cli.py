@@ -146,9 +146,8 @@ def parse_training_args(
         config = load_config(TrainingConfig, args.config, args.overrides, values=values)
     except ConfigError as error:
         parser.exit(2, f"config error: {error}\n")
-    # Absolute before anything uses it: Ray Train workers run in other directories (on a
-    # cluster, other machines), and rank 0 writes run.log and train_log.jsonl there.
-    config.output.dir = str(Path(config.output.dir).expanduser().resolve())
+    # Before anything uses them: the run's identity is of the absolute paths.
+    config.make_paths_absolute()
     if args.print_config:
         print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
         parser.exit(0)

@@ -805,6 +805,21 @@ class TrainingConfig:
     def model_path(self) -> str:
         return self.model.path or default_model_path()
 
+    def make_paths_absolute(self) -> None:
+        """output.dir, and model directories given relative to this directory, made absolute:
+        Ray Train workers run in other working directories (on a cluster, other machines;
+        rank 0 writes run.log there, every worker loads the models). A hub name, or a path
+        that is not a directory here, stays as given."""
+        self.output.dir = str(Path(self.output.dir).expanduser().resolve())
+        for section, key in (
+            (self.model, "path"),
+            (self.model, "compression_head"),
+            (self.loss, "distill_teacher"),
+        ):
+            value = getattr(section, key)
+            if value is not None and Path(value).expanduser().is_dir():
+                setattr(section, key, str(Path(value).expanduser().resolve()))
+
 
 def validate_mcr2_loss(c: MCR2LossConfig, key: str) -> None:
     """The MCR² loss's own keys (the compression job's `loss` and training's `loss.mcr2`)."""

@@ -344,3 +344,21 @@ def test_tune_settings_ranges(override, message):
     with pytest.raises(ConfigError) as error_info:
         load_config(SearchJobConfig, None, ["train.max_steps=20", override])
     assert message in str(error_info.value)
+
+
+def test_relative_model_directories_become_absolute_for_the_workers(tmp_path, monkeypatch):
+    """Ray Train workers run in other working directories: a model, head or teacher directory
+    given relative to the job's is made absolute; hub names are left as given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "mcr2-64").mkdir(parents=True)
+    (tmp_path / "student").mkdir()
+    config = TrainingConfig()
+    config.model.path = "student"
+    config.model.compression_head = "models/mcr2-64"
+    config.loss.distill_teacher = "org/teacher"
+    config.output.dir = "out"
+    config.make_paths_absolute()
+    assert config.model.path == str(tmp_path / "student")
+    assert config.model.compression_head == str(tmp_path / "models" / "mcr2-64")
+    assert config.loss.distill_teacher == "org/teacher"
+    assert config.output.dir == str(tmp_path / "out")

@@ -161,8 +161,7 @@ def run_training(
     """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json.
     `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
-    # Absolute: Train workers write their logs there, whatever their working directory.
-    config.output.dir = str(Path(config.output.dir).resolve())
+    config.make_paths_absolute()
     output = Path(config.output.dir)
     # train.layout=auto becomes a concrete layout first: the resource plan, the run's
     # identity and its checkpoints all see the workers that will run.
