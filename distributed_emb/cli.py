@@ -315,6 +315,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def training_job(argv: list[str] | None, default_config: Path, description: str) -> int:
+    """A training job's main (jobs/train_informin.py, jobs/finetune_mcr2.py): parse and validate
+    before Ray starts, join or start Ray, train with Ray Train, print the run's summary."""
+    config = parse_training_args(argv, default_config, description)
+    start_ray(config)
+    from distributed_emb.train.trainer import run_training  # startup: torch, transformers
+
+    result = run_training(config)
+    print(summarise_run(result.metrics))
+    return 0
+
+
 def summarise_run(metrics: dict) -> str:
     def fmt(value, spec=".2f"):
         return "n/a" if value is None else format(value, spec)

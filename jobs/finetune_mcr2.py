@@ -19,18 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from distributed_emb.cli import parse_training_args, start_ray, summarise_run  # noqa: E402
-from distributed_emb.train.trainer import run_training  # noqa: E402
+from distributed_emb.cli import training_job  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mcr2_finetune.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_training_args(argv, DEFAULT_CONFIG, __doc__.splitlines()[0])
-    start_ray(config)
-    result = run_training(config)
-    print(summarise_run(result.metrics))
-    return 0
+    return training_job(argv, DEFAULT_CONFIG, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
