@@ -101,7 +101,7 @@ def mcr2_term(
     if config.distill_weight > 0:
         if teacher_vectors is None:
             raise ValueError("loss.mcr2.distill_weight > 0 but the batch has no teacher vectors")
-        teacher = teacher_vectors[: len(z1)].float()  # the rows behind z1
+        teacher = teacher_vectors[: len(z1)].to(z1.dtype)  # the rows behind z1
     return MCR2Loss(config)(z1, groups, (z1, z2), teacher=teacher)
 
 
