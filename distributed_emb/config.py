@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import math
 import os
 import re
@@ -22,6 +21,7 @@ import yaml
 
 from distributed_emb.data.sources import is_hub_name, is_remote
 from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
+from distributed_emb.mcr2.head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.paths import default_model_path
 
 T = TypeVar("T")
@@ -685,14 +685,14 @@ class TrainingConfig:
                 "model.mlp_head",
                 "must be none with model.compression_head: the head reads the pooled vector",
             )
-            info_file = Path(m.compression_head) / "mcr2_head.json"
+            info_file = Path(m.compression_head) / HEAD_INFO_FILE
             _require(
                 info_file.is_file(),
                 "model.compression_head",
                 f"{info_file} is missing (a models/mcr2-<dim> directory of jobs/train_mcr2.py "
                 "holds it)",
             )
-            head_pooler = json.loads(info_file.read_text()).get("pooler")
+            head_pooler = read_head_info(m.compression_head).get("pooler")
             _require(
                 head_pooler == m.pooler,
                 "model.pooler",
