@@ -14,6 +14,8 @@ import pytest
 # that tests that start Ray or read data themselves run as a job does.
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+from harness import local_ray  # noqa: E402
+
 import distributed_emb.cli  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,38 +100,54 @@ def tiny_bert_path(tmp_path_factory) -> str:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """A local Ray with as many logical CPUs as the machine has cores (nothing may depend on
-    more): tests share one instance per module; Train runs, annotation and evaluation pools
-    fit through the resource plan, as a user's run on the same machine does.
+# ---------------------------------------------------------------------------------------------
+# Ray: one local instance for the session (tests/harness/local_ray.py)
+# ---------------------------------------------------------------------------------------------
 
-    Its workers run at the driver's priority, as cli.start_ray starts a local run's (Ray's own
-    default, nice 15, leaves them only the CPU that the driver, Ray's own processes and anything
-    else on the machine do not want; tests/cluster/test_local_ray_priority.py checks the jobs),
-    and Ray Train starts no preemption watcher (cli.LOCAL_INSTANCE_ENVIRONMENT)."""
-    import ray
+_SHARED_RAY_MODULES = pytest.StashKey[set]()
 
-    from distributed_emb.cli import local_instance_environment
 
-    if not ray.is_initialized():
-        with local_instance_environment():  # as cli.start_ray starts a local run's Ray
-            ray.init(
-                address="local",  # never a `ray start` cluster another test left on the machine
-                num_cpus=os.cpu_count(),
-                include_dashboard=False,
-                object_store_memory=512 * 1024**2,
-                log_to_driver=True,
-            )
-    yield ray
-    ray.shutdown()
+def pytest_collection_modifyitems(config, items):
+    shared = local_ray.shared_ray_modules(items)
+    config.stash[_SHARED_RAY_MODULES] = shared
+    items[:] = local_ray.order_shared_ray_modules(items, shared)
+
+
+@pytest.fixture(autouse=True)
+def _shared_ray_only_where_used(request):
+    """A module that does not use the shared instance may start its own Ray, a `ray start`
+    head or a cluster: the shared one is stopped first (the ordering makes this happen at most
+    once a session, before the first shared module it is never needed again)."""
+    if request.node.module not in request.config.stash.get(_SHARED_RAY_MODULES, set()):
+        local_ray.stop_shared_ray()
+    yield
+
+
+@pytest.fixture
+def ray_local(request):
+    """The session's local Ray (as many logical CPUs as the machine has cores; workers at the
+    driver's priority and no preemption watcher, as cli.start_ray starts a local run's). Train
+    runs, annotation and evaluation pools fit through the resource plan, as a user's run on the
+    same machine does. After the test every CPU must be free again, or the test fails naming
+    the actors and placement groups that hold them."""
+    yield local_ray.start_shared_ray()
+    local_ray.assert_resources_released(request.node.nodeid)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_ray_at_the_end():
+    yield
+    local_ray.stop_shared_ray()
 
 
 @pytest.fixture(scope="session")
 def s3():
     """An S3-protocol server on 127.0.0.1 for the whole session. Session-scoped so that its
     endpoint is in the environment before any Ray instance starts (workers inherit it)."""
-    from s3_server import loopback_s3
+    from harness.s3 import loopback_s3
 
+    # Workers inherit the environment their instance started with: a shared instance started
+    # before the endpoint was set would not reach the server.
+    local_ray.stop_shared_ray()
     with loopback_s3() as server:
         yield server

@@ -1,4 +1,4 @@
-"""Scale-up under `ray job submit` on a cluster in a box (tests/cluster_fixture.py).
+"""Scale-up under `ray job submit` on a cluster in a box (tests/harness/autoscaling_cluster.py).
 
 The head offers no CPU and there are no worker nodes at first, as on cluster/aws.yaml. Each
 fake worker node has 3 logical CPUs and each Train worker asks for 2 (standing in for "one GPU
@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from cluster_fixture import RAY_CLI, NodeWatcher, Timeline, base_env, local_cluster, wait_for
+from harness.autoscaling_cluster import (
+    RAY_CLI,
+    NodeWatcher,
+    Timeline,
+    base_env,
+    local_cluster,
+    wait_for,
+)
 
 from distributed_emb.paths import shipped_corpus
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from cluster_fixture import Timeline
-from ray_head import free_ports
+from harness.autoscaling_cluster import Timeline
+from harness.ray_head import free_ports
 
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.paths import shipped_corpus

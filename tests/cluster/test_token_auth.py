@@ -21,7 +21,7 @@ import time
 
 import pytest
 import requests
-from ray_head import (
+from harness.ray_head import (
     RAY_CLI,
     _descendants,
     _still_running,

@@ -37,6 +37,45 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
     )
 
 
+# Two finished runs serve every end-to-end assertion below (each run is a minute on 2 cores):
+# - `self_annotated`: two self-annotated rounds with rounds.overlap (round 2's pairs mined while
+#   round 1 trains), every document trained on;
+# - `teacher_annotated`: a 1-layer student, a teacher for round 1, a quarter of the documents
+#   held out, and rounds.arrange_pairs=false (training streams the annotation shards).
+
+
+def _finished_run(tmp_path_factory, tiny_bert_path, shared_data_dir, name, extra, teacher=False):
+    from conftest import build_tiny_bert
+    from harness.local_ray import start_shared_ray
+
+    from distributed_emb.infocse.rounds import run_rounds
+
+    start_shared_ray()
+    tmp_path = tmp_path_factory.mktemp(name)
+    if teacher:
+        extra = [*extra, f"annotation.model={build_tiny_bert(tmp_path / 'teacher', seed=1)}"]
+    config = _config(tmp_path, tiny_bert_path, shared_data_dir, extra)
+    return config, run_rounds(config), tmp_path / "out"
+
+
+@pytest.fixture(scope="module")
+def self_annotated(tmp_path_factory, tiny_bert_path, shared_data_dir):
+    return _finished_run(
+        tmp_path_factory, tiny_bert_path, shared_data_dir, "self_annotated",
+        ["rounds.overlap=true", "heldout.fraction=0"],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def teacher_annotated(tmp_path_factory, tiny_bert_path, shared_data_dir):
+    return _finished_run(
+        tmp_path_factory, tiny_bert_path, shared_data_dir, "teacher_annotated",
+        ["student.num_layers=1", "heldout.fraction=0.25", "heldout.seed=1",
+         "rounds.arrange_pairs=false"],
+        teacher=True,
+    )  # fmt: skip
+
+
 def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_data_dir):
     with pytest.raises(ConfigError, match=r"rounds\.max_rounds"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.max_rounds=0"])
@@ -48,15 +87,10 @@ def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_dat
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_two_rounds_annotate_train_and_export_the_best(
-    ray_local, tmp_path, tiny_bert_path, shared_data_dir
-):
+def test_two_rounds_annotate_train_and_export_the_best(ray_local, self_annotated):
     from sentence_transformers import SentenceTransformer
 
-    from distributed_emb.infocse.rounds import run_rounds
-
-    config = _config(tmp_path, tiny_bert_path, shared_data_dir)
-    records = run_rounds(config)
+    _, records, out = self_annotated
 
     stages = [(r.round, r.stage) for r in records]
     assert stages == [(0, "initial"), (1, "infocse"), (2, "infocse")]
@@ -66,30 +100,28 @@ def test_two_rounds_annotate_train_and_export_the_best(
     assert records[2].overlap_with_previous is not None
     assert 0.0 <= records[2].overlap_with_previous <= 1.0
     # Round 2 annotated with round 1's model: its input model is round 1's export.
-    saved = json.loads((tmp_path / "out" / "rounds.json").read_text())
+    saved = json.loads((out / "rounds.json").read_text())
     best = max(records, key=lambda r: r.stsb_dev)
     assert saved["best"]["round"] == best.round
     # The exported model is the best round's model.
     sentences = ["A man is playing a guitar.", "The stock market fell."]
-    exported = SentenceTransformer(str(tmp_path / "out" / "model"), device="cpu").encode(sentences)
+    exported = SentenceTransformer(str(out / "model"), device="cpu").encode(sentences)
     if best.stage != "initial":
         reference = SentenceTransformer(best.model_dir, device="cpu").encode(sentences)
         np.testing.assert_allclose(exported, reference, rtol=1e-6, atol=1e-6)
-    assert (tmp_path / "out" / "rounds.md").read_text().startswith("round")
+    assert (out / "rounds.md").read_text().startswith("round")
     assert Path(records[1].model_dir).is_dir()
     # One row per round in the rounds' sinks; each round's training has its own run.log with
     # its step and evaluation lines.
-    logged = read_train_log(tmp_path / "out" / "rounds_log.jsonl")
+    logged = read_train_log(out / "rounds_log.jsonl")
     assert [(r["kind"], r["step"]) for r in logged] == [("rounds", 0), ("rounds", 1), ("rounds", 2)]
     assert [r["stsb_dev"] for r in logged] == [pytest.approx(r.stsb_dev) for r in records]
-    assert (tmp_path / "out" / "rounds.png").read_bytes()[:4] == b"\x89PNG"
-    round_log = (tmp_path / "out" / "round_1" / "train" / "run.log").read_text()
+    assert (out / "rounds.png").read_bytes()[:4] == b"\x89PNG"
+    round_log = (out / "round_1" / "train" / "run.log").read_text()
     assert "step 2/2 STS-B dev Spearman" in round_log
     # A round's start is the previous round's model, scored by the rounds already: its
     # training does not score it again (eval.score_start=false), it evaluates trained steps only.
-    train_metrics = json.loads(
-        (tmp_path / "out" / "round_1" / "train" / "metrics.json").read_text()
-    )
+    train_metrics = json.loads((out / "round_1" / "train" / "metrics.json").read_text())
     assert [row["step"] for row in train_metrics["history"]] == [2]
     assert train_metrics["stsb_dev_before"] is None
     assert "step 0/2 STS-B dev" not in round_log
@@ -112,26 +144,18 @@ def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_round_can_stream_its_pairs_straight_from_the_annotation_shards(
-    ray_local, tmp_path, tiny_bert_path, shared_data_dir
+    ray_local, teacher_annotated
 ):
     """rounds.arrange_pairs=false: no driver pass over the pairs; training reads the Parquet
     shards the annotation actors wrote."""
     import pyarrow.parquet as pq
 
-    from distributed_emb.infocse.rounds import run_rounds
-
-    config = _config(
-        tmp_path,
-        tiny_bert_path,
-        shared_data_dir,
-        ["rounds.max_rounds=1", "rounds.arrange_pairs=false"],
-    )
-    records = run_rounds(config)
-    shards = sorted((tmp_path / "out" / "round_1" / "pairs").glob("*.parquet"))
-    assert shards and not (tmp_path / "out" / "round_1" / "pairs_arranged.parquet").exists()
+    _, records, out = teacher_annotated
+    shards = sorted((out / "round_1" / "pairs").glob("*.parquet"))
+    assert shards and not (out / "round_1" / "pairs_arranged.parquet").exists()
     mined = sum(pq.ParquetFile(shard).metadata.num_rows for shard in shards)
     assert records[1].pairs == mined and records[1].train_steps == 2
-    metrics = json.loads((tmp_path / "out" / "round_1" / "train" / "metrics.json").read_text())
+    metrics = json.loads((out / "round_1" / "train" / "metrics.json").read_text())
     assert 0 < metrics["corpus"]["kept"] <= mined  # rows streamed from the shards
 
 
@@ -233,25 +257,17 @@ def test_held_out_retrieval_is_a_row_column_and_a_panel(tmp_path):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_unseen(
-    ray_local, tmp_path, tiny_bert_path, shared_data_dir
+    ray_local, teacher_annotated
 ):
     """A 1-layer student of the tiny BERT; a different tiny BERT as teacher for round 1.
     Round 1's pairs are exactly the teacher's (single-process reference) on the training
     documents; no pair comes from a held-out document; round 2 is self-annotated."""
-    from conftest import build_tiny_bert
-
     from distributed_emb.evaluation.document_retrieval import held_out_doc_ids
     from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
     from distributed_emb.infocse.pairs import read_pairs
-    from distributed_emb.infocse.rounds import run_rounds
 
-    teacher = build_tiny_bert(tmp_path / "teacher", seed=1)
-    config = _config(
-        tmp_path, tiny_bert_path, shared_data_dir,
-        ["student.num_layers=1", f"annotation.model={teacher}", "heldout.fraction=0.25",
-         "heldout.seed=1"],
-    )  # fmt: skip
-    records = run_rounds(config)
+    config, records, out = teacher_annotated
+    teacher = config.annotation.model
     assert [(r.round, r.annotated_by) for r in records] == [(0, None), (1, "teacher"), (2, "self")]
     assert all(r.heldout_mrr is not None and 0 < r.heldout_recall_at_10 <= 100 for r in records)
 
@@ -268,16 +284,16 @@ def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_uns
     def key(rows):
         return sorted((r["doc_id"], r["anchor"], r["positive"]) for r in rows)
 
-    round_1 = read_pairs(str(tmp_path / "out" / "round_1" / "pairs"))
+    round_1 = read_pairs(str(out / "round_1" / "pairs"))
     assert key(round_1) == key(expected)
-    round_2 = read_pairs(str(tmp_path / "out" / "round_2" / "pairs"))
+    round_2 = read_pairs(str(out / "round_2" / "pairs"))
     assert not {r["doc_id"] for r in round_1 + round_2} & held
 
 
 @pytest.mark.slow
 @pytest.mark.ray
 def test_overlapped_annotation_mines_the_next_rounds_pairs_with_the_kept_checkpoint(
-    ray_local, tmp_path, tiny_bert_path, shared_data_dir
+    ray_local, self_annotated
 ):
     """rounds.overlap=true under Ray Train: round 1's registered checkpoint reaches the driver
     through the Train controller's callback, round 2's pairs are mined with it while round 1
@@ -286,17 +302,12 @@ def test_overlapped_annotation_mines_the_next_rounds_pairs_with_the_kept_checkpo
     from distributed_emb.data.documents import read_documents_locally
     from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
     from distributed_emb.infocse.pairs import read_pairs
-    from distributed_emb.infocse.rounds import run_rounds
 
     # One trained evaluation per round (step 2 of 2): the kept step is the one mined.
-    config = _config(
-        tmp_path, tiny_bert_path, shared_data_dir, ["rounds.overlap=true", "heldout.fraction=0"]
-    )
-    records = run_rounds(config)
+    config, records, out = self_annotated
     assert [(r.round, r.mined_at_step) for r in records] == [(0, None), (1, None), (2, 2)]
     assert records[1].kept_step == 2
     assert records[2].overlapped_annotate_s > 0 and records[2].pairs > 0
-    out = tmp_path / "out"
     assert not (out / "round_1" / "next_round_pairs").exists()  # the versions were cleared
     source = json.loads((out / "round_2" / "pairs_source.json").read_text())
     assert source["mined_at_step"] == 2

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 import yaml
-from ray_head import RAY_CLI, local_ray_head
+from harness.ray_head import RAY_CLI, local_ray_head
 
 from distributed_emb.paths import shipped_corpus
 

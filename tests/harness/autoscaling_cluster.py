@@ -1,9 +1,10 @@
 """A cluster in a box: an autoscaling multi-node Ray cluster on one machine, shaped like
 cluster/aws.yaml, that starts and stops only its own processes.
 
-    python tests/cluster_fixture.py up      # prints the address, token and env to use
-    python tests/cluster_fixture.py status  # nodes alive now (head + fake workers)
-    python tests/cluster_fixture.py down    # stops exactly what `up` started
+    cd tests
+    python -m harness.autoscaling_cluster up      # prints the address, token and env to use
+    python -m harness.autoscaling_cluster status  # nodes alive now (head + fake workers)
+    python -m harness.autoscaling_cluster down    # stops exactly what `up` started
 
 Shape (what cluster/aws.yaml has, scaled down):
 - a head that advertises no CPU (job drivers, the Train controller and the autoscaler only);
@@ -51,12 +52,13 @@ from pathlib import Path
 
 import requests
 import yaml
-from ray_head import base_env, free_ports
+
+from harness.ray_head import base_env, free_ports
 
 RAY_CLI = str(Path(sys.executable).with_name("ray"))
 WORKER_TYPE = "cpu_worker"  # stands for aws.yaml's gpu_1x_* types
 HEAD_TYPE = "ray.head.default"  # the name the fake provider gives its head
-# Where `python tests/cluster_fixture.py up` records what `down` must stop.
+# Where `(cd tests && python -m harness.autoscaling_cluster up)` records what `down` must stop.
 STATE_FILE = Path(tempfile.gettempdir()) / "distributed_emb_cluster.json"
 
 
@@ -423,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={cluster.token}\n"
             f"ray job submit --address {cluster.dashboard_url} -- "
             f"python {Path.cwd() / 'jobs' / 'train_informin.py'} ...  # no --working-dir: see "
-            "tests/cluster_fixture.py"
+            "tests/harness/autoscaling_cluster.py"
         )
         return 0
     if not STATE_FILE.exists():
