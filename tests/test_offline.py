@@ -33,8 +33,9 @@ print(
 """
 
 
-def _hub_offline(entry_point: str, **env: str) -> list[str]:
-    """[hub client offline, datasets offline, transformers progress bars on]"""
+def _probe(entry_point: str, **env: str) -> subprocess.Popen:
+    """Start the probe of one entry point: it prints [hub client offline, datasets offline,
+    transformers progress bars on]."""
     clean = {
         k: v
         for k, v in os.environ.items()
@@ -46,26 +47,43 @@ def _hub_offline(entry_point: str, **env: str) -> list[str]:
             "HF_HUB_DISABLE_PROGRESS_BARS",
         )
     }
-    done = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-c", PROBE, entry_point],
         cwd=REPO,
         env={**clean, **env},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.split()
+
+
+def _answer(probe: subprocess.Popen) -> list[str]:
+    stdout, stderr = probe.communicate(timeout=300)
+    assert probe.returncode == 0, stderr[-3000:]
+    return stdout.split()
+
+
+@pytest.fixture(scope="module")
+def answers() -> dict[tuple[str, str], list[str]]:
+    """Every probe, each in a fresh interpreter (the setting is read once per process), all
+    started at once: an interpreter spends most of its start importing, one core each."""
+    cases = {(entry_point, ""): {} for entry_point in ENTRY_POINTS}
+    cases["jobs/train_informin.py", "HF_HUB_OFFLINE=0"] = {"HF_HUB_OFFLINE": "0"}
+    cases["jobs/train_informin.py", "HF_HUB_DISABLE_PROGRESS_BARS=0"] = {
+        "HF_HUB_DISABLE_PROGRESS_BARS": "0"
+    }
+    probes = {case: _probe(case[0], **env) for case, env in cases.items()}
+    return {case: _answer(probe) for case, probe in probes.items()}
 
 
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
-def test_every_entry_point_leaves_the_hub_client_offline(entry_point):
-    assert _hub_offline(entry_point) == ["True", "True", "False"]
+def test_every_entry_point_leaves_the_hub_client_offline(answers, entry_point):
+    assert answers[entry_point, ""] == ["True", "True", "False"]
 
 
-def test_a_user_who_opts_in_stays_online():
-    assert _hub_offline("jobs/train_informin.py", HF_HUB_OFFLINE="0")[:2] == ["False", "False"]
+def test_a_user_who_opts_in_stays_online(answers):
+    assert answers["jobs/train_informin.py", "HF_HUB_OFFLINE=0"][:2] == ["False", "False"]
 
 
-def test_a_user_who_wants_progress_bars_keeps_them():
-    assert _hub_offline("jobs/train_informin.py", HF_HUB_DISABLE_PROGRESS_BARS="0")[2] == "True"
+def test_a_user_who_wants_progress_bars_keeps_them(answers):
+    assert answers["jobs/train_informin.py", "HF_HUB_DISABLE_PROGRESS_BARS=0"][2] == "True"

@@ -90,6 +90,7 @@ def test_interrupted_search_resumes_and_finishes(tmp_path, tiny_bert_path):
         f"data.path={corpus}",
         "tune.scheduler=fifo",  # every trial runs to its end: the outcome is known
         "train.max_steps=8",  # evaluations at 0, 2, 4, 6, 8: time to interrupt in between
+        "train.num_workers=1",  # what is resumed is the search, not a worker group's shape
         "ray.num_cpus=2",  # the core count of the machines CI runs on
         "ray.object_store_memory_mb=512",
     ]

@@ -1,11 +1,11 @@
 """A real search through jobs/tune_informin.py: tiny BERT, 4 trials of 2 Ray Train workers
-each, ASHA on the 2 CPUs of a 2-core machine (so one trial at a time) — while one trial's
-worker process is SIGKILLed mid-training.
+each, ASHA on the 2 CPUs of a 2-core machine (so one trial at a time), tokenising in Ray Data
+through the token cache — while one trial's worker process is SIGKILLed mid-training.
 
 What it proves: the killed trial is listed as errored and the others still finish; ASHA
 stopped exactly the trials that a plain re-enactment of its rule stops; the best config is
 a TrainingConfig YAML with the best trial's values; the best model is that trial's best
-checkpoint; plots are written.
+checkpoint; plots are written; the whole search tokenised its corpus once.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS, GRACE = 4, 2  # jobs/configs/tune_tiny.yaml: evaluations at 0, 2, 4; ASHA rung at 2
+CORPUS_ROWS = 256  # tune_tiny.yaml's data.max_rows of the 300 lines written
 
 
 def load_job():
@@ -100,6 +101,7 @@ def search(tmp_path_factory, tiny_bert_path):
                 str(output),
                 f"model.path={tiny_bert_path}",
                 f"data.path={tiny_corpus(work)}",
+                "data.tokenize_in=ray_data",  # the trials share one token cache
                 "ray.num_cpus=2",  # the core count of the machines CI runs on
                 "ray.object_store_memory_mb=512",
             ]
@@ -249,3 +251,18 @@ def test_plots_of_the_search_are_written(search):
         "metric_vs_train_batch_size.png",
         "metric_vs_train_learning_rate.png",
     ]
+
+
+def test_the_trials_read_one_tokenising_pass(search):
+    """The search's trials share one token-cache build (data.tokenize_in=ray_data): the corpus
+    is tokenised once for the whole search, and every trial that reported trained on it."""
+    import pyarrow.parquet as pq
+
+    builds = sorted((search["output"] / "ray_results" / "token_cache").glob("*/data-*"))
+    assert len(builds) == 1, builds  # one tokenising pass for the whole search
+    commit = json.loads((builds[0].parent / "COMMIT.json").read_text())
+    assert commit["data"] == builds[0].name and commit["rows"] == CORPUS_ROWS
+    columns = pq.ParquetDataset(str(builds[0])).schema.names
+    assert "text" not in columns and "text__ids" in columns
+    trained = [reports for reports in search["reports"].values() if reports]
+    assert len(trained) >= 3 and all(max(r["step"] for r in rows) >= GRACE for rows in trained)
