@@ -36,27 +36,40 @@ ray.shutdown()
 """
 
 
-def _probe(env: dict[str, str]) -> dict:
-    result = subprocess.run(
+def _start_probe(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, "-c", PROBE],
         cwd=REPO,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _seen(probe: subprocess.Popen) -> dict:
+    stdout, stderr = probe.communicate(timeout=300)
+    assert probe.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def test_local_workers_run_at_the_drivers_priority_unless_the_user_says_otherwise(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
-    env["HOME"] = str(tmp_path)  # the token file start_ray writes stays in the test's directory
     env.pop("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", None)
-    seen = _probe(env)
+    # Two local instances side by side (each its own ports and session; a Ray start is mostly
+    # waiting, so the two overlap), each with its own HOME: the token file start_ray writes
+    # stays in the test's directory and is not shared between the two.
+    (tmp_path / "default").mkdir()
+    (tmp_path / "user").mkdir()
+    by_default = _start_probe({**env, "HOME": str(tmp_path / "default")})
+    user_set = _start_probe(
+        {**env, "HOME": str(tmp_path / "user"), "RAY_worker_niceness": "7",
+         "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}
+    )  # fmt: skip
+    seen = _seen(by_default)
     assert seen["worker"] == seen["driver"]
     assert seen["watcher"] == "0"  # Ray Train's controller, a worker too, reads it there
     assert seen["env_left"] is None  # the setting is not left behind in the driver's env
 
-    seen = _probe({**env, "RAY_worker_niceness": "7", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"})
+    seen = _seen(user_set)
     assert seen["worker"] == 7 and seen["watcher"] == "1"

@@ -252,8 +252,10 @@ def test_a_stall_aborts_the_wait_even_after_an_earlier_fit_left_its_sigint_handl
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def cluster():
+@pytest.fixture(scope="module")
+def zero_cpu_head():
+    """One cluster for the module: a head with no CPU, this process connected as its driver.
+    Each test adds the worker nodes it needs (`cluster` removes them again)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -267,14 +269,45 @@ def cluster():
     made.shutdown()
 
 
+def _wait_for_cpus(cluster, expected: int) -> None:
+    """Until Ray's view holds the `expected` CPUs of the nodes added (so the plan sees the
+    whole cluster)."""
+    cluster.wait_for_nodes()
+    deadline = time.monotonic() + 60
+    while _alive_cpus() < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _alive_cpus() -> float:
+    import ray
+
+    return sum(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"])
+
+
+@pytest.fixture
+def cluster(zero_cpu_head):
+    """The module's cluster with its head alone and this process connected; the worker nodes
+    the test adds are removed after it, and their CPUs gone from Ray's view, before the next
+    test sees the cluster."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=zero_cpu_head.address)
+    yield zero_cpu_head
+    for node in list(zero_cpu_head.worker_nodes):
+        zero_cpu_head.remove_node(node)
+    deadline = time.monotonic() + 60
+    while _alive_cpus() > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive_cpus() == 0, "a removed node is still alive in Ray's view"
+
+
 @pytest.mark.ray
 def test_zero_cpu_head_plus_worker_nodes_seen_from_ray(cluster):
-    import ray
 
     for _ in range(2):
         cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    _wait_for_cpus(cluster, 2)
 
     shape = cluster_from_ray()
     assert sorted(n.cpu for n in shape.nodes) == [0, 1, 1] and not shape.autoscaling
@@ -286,13 +319,11 @@ def test_zero_cpu_head_plus_worker_nodes_seen_from_ray(cluster):
 
 @pytest.mark.ray
 def test_never_fitting_run_fails_before_ray_train_starts(cluster, tmp_path, monkeypatch):
-    import ray
 
     from distributed_emb.train import trainer
 
     cluster.add_node(num_cpus=2, object_store_memory=80 * 1024**2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    _wait_for_cpus(cluster, 2)
     built = []
     monkeypatch.setattr(trainer, "build_trainer", lambda *a, **k: built.append(a))
 
@@ -308,12 +339,10 @@ def test_never_fitting_run_fails_before_ray_train_starts(cluster, tmp_path, monk
 
 @pytest.mark.ray
 def test_watchdog_names_a_worker_group_that_can_never_be_placed(cluster):
-    import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     cluster.add_node(num_cpus=2, object_store_memory=80 * 1024**2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    _wait_for_cpus(cluster, 2)
     # What Ray Train asks for 4 workers × 1 CPU, on a 2-CPU cluster.
     group = placement_group([{"CPU": 1.0}] * 4, name="train-workers")
     interrupted = threading.Event()
@@ -332,13 +361,11 @@ def test_watchdog_names_a_worker_group_that_can_never_be_placed(cluster):
 
 @pytest.mark.ray
 def test_an_encoding_pool_that_can_never_fit_fails_before_any_actor_starts(cluster):
-    import ray
 
     from distributed_emb.model.embedder import ray_encode
 
     cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    _wait_for_cpus(cluster, 1)
     # One whole-CPU actor on a 1-CPU cluster leaves Ray Data's read tasks no CPU: before, the
     # encode waited forever. The model path is never opened: the plan fails first.
     with pytest.raises(PlanError, match=r"encoding actors do not fit the cluster: 1 encoding"):
@@ -357,8 +384,7 @@ def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypa
     monkeypatch.setattr(watchdog, "ABORT_GRACE_S", 3600.0)
 
     cluster.add_node(num_cpus=1, object_store_memory=80 * 1024**2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
+    _wait_for_cpus(cluster, 1)
     # What an actor pool asks of a cluster too small for it, waited on from the driver as
     # ray_encode and annotation wait on their pools: the wait ends in StallError, not never.
     group = placement_group([{"CPU": 1.0}] * 3, name="encoding-pool")

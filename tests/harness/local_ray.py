@@ -22,9 +22,13 @@ SHARED_RAY_FIXTURE = "ray_local"
 RELEASE_TIMEOUT_S = 60.0  # Ray Train tears a finished run's worker group down asynchronously
 
 
+_shared_address: str | None = None  # the GCS of the instance start_shared_ray started
+
+
 def start_shared_ray():
     """The local instance the shared tests run on: as many logical CPUs as the machine has
     cores (nothing may depend on more), started as cli.start_ray starts a local run's."""
+    global _shared_address
     import ray
 
     from distributed_emb.cli import local_instance_environment
@@ -38,14 +42,23 @@ def start_shared_ray():
                 object_store_memory=512 * 1024**2,
                 log_to_driver=True,
             )
+        _shared_address = ray.get_runtime_context().gcs_address
     return ray
 
 
 def stop_shared_ray() -> None:
+    """Shut the shared instance down if it runs; a Ray that a module connected to itself (its
+    own cluster, a job's instance) is left alone."""
+    global _shared_address
     import ray
 
-    if ray.is_initialized():
+    if (
+        _shared_address is not None
+        and ray.is_initialized()
+        and ray.get_runtime_context().gcs_address == _shared_address
+    ):
         ray.shutdown()
+    _shared_address = None
 
 
 def _held_by_whom() -> str:

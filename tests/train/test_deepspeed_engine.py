@@ -8,30 +8,25 @@ import socket
 import pytest
 
 from distributed_emb.config import TrainingConfig, load_config
-from distributed_emb.paths import shipped_corpus
 
 
 def _config(tmp_path, tiny_bert_path, engine: str, extra=()):
+    from harness.tiny_run import tiny_config, tiny_corpus
+
     corpus = tmp_path / "corpus.txt"
     if not corpus.exists():
-        corpus.write_text(
-            "\n".join(open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:200])
-        )
-    return load_config(
-        TrainingConfig,
-        "jobs/configs/informin_tiny.yaml",
-        [
-            f"model.path={tiny_bert_path}",
-            f"data.path={corpus}",
-            "train.max_steps=3",
-            "eval.eval_steps=1",
-            "eval.max_pairs=16",
-            "loss.reconstruction_weight=0.5",
-            f"train.engine={engine}",
-            "train.deepspeed.zero_stage=2",
-            f"output.dir={tmp_path / engine}",
-            *extra,
-        ],
+        tiny_corpus(corpus, lines=200)
+    return tiny_config(
+        tiny_bert_path,
+        corpus,
+        tmp_path / engine,
+        "train.max_steps=3",
+        "eval.eval_steps=1",
+        "eval.max_pairs=16",
+        "loss.reconstruction_weight=0.5",
+        f"train.engine={engine}",
+        "train.deepspeed.zero_stage=2",
+        *extra,
     )
 
 

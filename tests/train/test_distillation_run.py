@@ -8,28 +8,22 @@ import pytest
 from conftest import build_tiny_bert
 
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
-from distributed_emb.paths import shipped_corpus
 from distributed_emb.train.teacher import check_teacher
-
-TINY = "jobs/configs/informin_tiny.yaml"
 
 
 def _config(tmp_path, student: str, teacher: str | None, *extra: str) -> TrainingConfig:
-    corpus = tmp_path / "corpus.txt"
-    lines = open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:256]
-    corpus.write_text("\n".join(lines) + "\n")
+    from harness.tiny_run import tiny_config, tiny_corpus
+
     overrides = [
-        f"model.path={student}",
-        f"data.path={corpus}",
         "model.mlp_head=none",
         "loss.contrastive_weight=0",
         "loss.reconstruction_weight=0",
         "loss.distill_weight=1",
-        f"output.dir={tmp_path / 'run'}",
     ]
     if teacher is not None:
         overrides.append(f"loss.distill_teacher={teacher}")
-    return load_config(TrainingConfig, TINY, overrides + list(extra))
+    corpus = tiny_corpus(tmp_path / "corpus.txt", lines=256)
+    return tiny_config(student, corpus, tmp_path / "run", *overrides, *extra)
 
 
 @pytest.mark.parametrize(

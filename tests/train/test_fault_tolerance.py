@@ -12,9 +12,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distributed_emb.config import TrainingConfig, load_config
-from distributed_emb.paths import shipped_corpus
-
 
 def _our_train_workers() -> list[psutil.Process]:
     """RayTrainWorker processes of this test's Ray instance only (descendants of its raylet),
@@ -58,27 +55,21 @@ def _kill_a_worker_after_step(row_logs: Path, step: int, timeline: list, stop):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_bert_path):
+    from harness.tiny_run import tiny_config, tiny_corpus
+
     from distributed_emb.train.trainer import run_training
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(
-        "\n".join(open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:400])
-    )
-    config = load_config(
-        TrainingConfig,
-        "jobs/configs/informin_tiny.yaml",
-        [
-            f"model.path={tiny_bert_path}",
-            f"data.path={corpus}",
-            "data.max_rows=null",
-            "train.max_steps=12",
-            "eval.eval_steps=2",
-            "eval.max_pairs=16",
-            "train.max_failures=1",
-            "output.checkpoints_to_keep=3",
-            "output.row_log=true",
-            f"output.dir={tmp_path / 'run'}",
-        ],
+    config = tiny_config(
+        tiny_bert_path,
+        tiny_corpus(tmp_path / "corpus.txt", lines=400),
+        tmp_path / "run",
+        "data.max_rows=null",
+        "train.max_steps=12",
+        "eval.eval_steps=2",
+        "eval.max_pairs=16",
+        "train.max_failures=1",
+        "output.checkpoints_to_keep=3",
+        "output.row_log=true",
     )
     timeline = [(time.time(), "start")]
     stop = threading.Event()

@@ -3,34 +3,25 @@ boundary, with the loop's timing windows accounting for every step."""
 
 import pytest
 
-from distributed_emb.config import TrainingConfig, load_config
-from distributed_emb.paths import shipped_corpus
-
 
 @pytest.mark.slow
 @pytest.mark.ray
 def test_length_grouped_run_trains_every_planned_step(ray_local, tiny_bert_path, tmp_path):
+    from harness.tiny_run import tiny_config, tiny_corpus
+
     from distributed_emb.train.trainer import run_training
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(
-        "\n".join(open(shipped_corpus("wiki_sentences.txt")).read().split("\n")[:100])
-    )
-    config = load_config(
-        TrainingConfig,
-        "jobs/configs/informin_tiny.yaml",
-        [
-            f"model.path={tiny_bert_path}",
-            f"data.path={corpus}",
-            "data.max_rows=null",
-            "data.length_group_batches=4",  # pools of 32 rows: 3 full pools + 4 rows
-            "train.num_workers=1",
-            "train.batch_size=8",
-            "train.epochs=2",
-            "train.max_steps=null",
-            "eval.eval_steps=6",
-            f"output.dir={tmp_path / 'run'}",
-        ],
+    config = tiny_config(
+        tiny_bert_path,
+        tiny_corpus(tmp_path / "corpus.txt", lines=100),
+        tmp_path / "run",
+        "data.max_rows=null",
+        "data.length_group_batches=4",  # pools of 32 rows: 3 full pools + 4 rows
+        "train.num_workers=1",
+        "train.batch_size=8",
+        "train.epochs=2",
+        "train.max_steps=null",
+        "eval.eval_steps=6",
     )
     metrics = run_training(config).metrics
 

@@ -5,29 +5,25 @@ import json
 import numpy as np
 import pytest
 
-from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.model.embedder import embed_module
-from distributed_emb.paths import shipped_corpus
 
 
 @pytest.fixture
 def tiny_config(tmp_path, tiny_bert_path):
-    corpus = tmp_path / "corpus.txt"
-    lines = open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:300]
-    corpus.write_text("\n".join(lines + ["", "   ", lines[0]]))  # plus 2 empty, 1 duplicate
-    return load_config(
-        TrainingConfig,
-        "jobs/configs/informin_tiny.yaml",
-        [
-            f"model.path={tiny_bert_path}",
-            f"data.path={corpus}",
-            "data.max_rows=null",
-            "data.deduplicate=true",
-            "train.max_steps=4",
-            "eval.eval_steps=2",
-            "loss.reconstruction_weight=0.5",
-            f"output.dir={tmp_path / 'run'}",
-        ],
+    from harness.tiny_run import tiny_config, tiny_corpus
+
+    first = tiny_corpus(tmp_path / "head.txt", lines=1).read_text().strip()
+    # 300 sentences plus 2 empty lines and 1 duplicate, which the run drops and counts.
+    corpus = tiny_corpus(tmp_path / "corpus.txt", lines=300, extra=("", "   ", first))
+    return tiny_config(
+        tiny_bert_path,
+        corpus,
+        tmp_path / "run",
+        "data.max_rows=null",
+        "data.deduplicate=true",
+        "train.max_steps=4",
+        "eval.eval_steps=2",
+        "loss.reconstruction_weight=0.5",
     )
 
 
