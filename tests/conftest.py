@@ -141,6 +141,16 @@ def _stop_shared_ray_at_the_end():
 
 
 @pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, tiny_bert_path):
+    """(config, TrainingResult) of the session's one finished tiny training run (see
+    harness/tiny_run.py): tests that need its outputs also ask for `ray_local`."""
+    from harness.tiny_run import finished_tiny_run
+
+    local_ray.start_shared_ray()
+    return finished_tiny_run(tiny_bert_path, tmp_path_factory.mktemp("tiny_run"))
+
+
+@pytest.fixture(scope="session")
 def s3():
     """An S3-protocol server on 127.0.0.1 for the whole session. Session-scoped so that its
     endpoint is in the environment before any Ray instance starts (workers inherit it)."""

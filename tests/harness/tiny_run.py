@@ -1,9 +1,13 @@
-"""The tiny corpus and the tiny training config that tests train on.
+"""The tiny corpus and the tiny training config that tests train on, and the finished tiny run.
 
 `tiny_corpus` writes the first lines of the shipped Wikipedia sentences; `tiny_config` loads
 jobs/configs/informin_tiny.yaml (a tiny model, 16 tokens, 8 rows a worker, 4 steps) with the
 test's model, corpus and output directory and its own overrides on top. Later overrides win,
 as on the command line.
+
+`finished_tiny_run` trains the session's one tiny run (the `tiny_run` fixture): 2 workers,
+4 steps, a corpus with 2 empty lines and 1 duplicate, checkpoints under a storage path and run
+name. Tests of the trainer's outputs, the run identity and the export assert against it.
 """
 
 from __future__ import annotations
@@ -34,3 +38,38 @@ def tiny_config(model_path: str, corpus: Path, output: Path, *overrides: str, co
         str(TINY_YAML),
         [f"model.path={model_path}", f"data.path={corpus}", f"output.dir={output}", *overrides],
     )
+
+
+TINY_RUN_SETTINGS = (
+    "data.max_rows=null",
+    "data.deduplicate=true",
+    "train.max_steps=4",
+    "eval.eval_steps=1",  # every step: engines and restarts are compared step by step
+    "loss.reconstruction_weight=0.5",
+    "output.run_name=tiny",
+)
+
+
+def tiny_run_config(model_path: str, directory: Path, *overrides: str):
+    """The tiny run's config in `directory` (corpus.txt, storage/, and `run/` for the output),
+    with `overrides` on top."""
+    first = tiny_corpus(directory / "head.txt", lines=1).read_text().strip()
+    # 300 sentences plus 2 empty lines and 1 duplicate, which the run drops and counts.
+    corpus = tiny_corpus(directory / "corpus.txt", lines=300, extra=("", "   ", first))
+    return tiny_config(
+        model_path,
+        corpus,
+        directory / "run",
+        *TINY_RUN_SETTINGS,
+        f"output.storage_path={directory / 'storage'}",
+        *overrides,
+    )
+
+
+def finished_tiny_run(model_path: str, directory: Path):
+    """(config, TrainingResult) of the tiny run, trained on the Ray this process is connected
+    to."""
+    from distributed_emb.train.trainer import run_training
+
+    config = tiny_run_config(model_path, directory)
+    return config, run_training(config)

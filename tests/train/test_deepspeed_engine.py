@@ -4,51 +4,40 @@ checkpoints restore without unpickling code (weights-only, a short DeepSpeed all
 import json
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
 from distributed_emb.config import TrainingConfig, load_config
 
 
-def _config(tmp_path, tiny_bert_path, engine: str, extra=()):
-    from harness.tiny_run import tiny_config, tiny_corpus
-
-    corpus = tmp_path / "corpus.txt"
-    if not corpus.exists():
-        tiny_corpus(corpus, lines=200)
-    return tiny_config(
-        tiny_bert_path,
-        corpus,
-        tmp_path / engine,
-        "train.max_steps=3",
-        "eval.eval_steps=1",
-        "eval.max_pairs=16",
-        "loss.reconstruction_weight=0.5",
-        f"train.engine={engine}",
-        "train.deepspeed.zero_stage=2",
-        *extra,
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.ray
-def test_zero2_matches_ddp_losses(ray_local, tmp_path, tiny_bert_path):
+def test_zero2_matches_ddp_losses(ray_local, tiny_run, tmp_path, tiny_bert_path):
+    """The session's tiny run (DDP, 2 workers) trained again with DeepSpeed ZeRO-2: the same
+    losses, learning rates and dev scores step by step."""
+    from harness.tiny_run import tiny_run_config
+
     from distributed_emb.train.trainer import run_training
 
-    histories = {}
-    for engine in ("ddp", "deepspeed"):
-        run_training(_config(tmp_path, tiny_bert_path, engine))
-        metrics = json.loads((tmp_path / engine / "metrics.json").read_text())
-        histories[engine] = metrics["history"]
-    ddp, zero = histories["ddp"], histories["deepspeed"]
-    assert [r["step"] for r in zero] == [0, 1, 2, 3]
+    ddp_config, _ = tiny_run
+    zero_config = tiny_run_config(
+        tiny_bert_path,
+        tmp_path,
+        "train.engine=deepspeed",
+        "train.deepspeed.zero_stage=2",
+        "output.run_name=zero2",
+    )
+    ddp = json.loads((Path(ddp_config.output.dir) / "metrics.json").read_text())["history"]
+    zero = run_training(zero_config).metrics["history"]
+    assert [r["step"] for r in zero] == [0, 1, 2, 3, 4]
     assert zero[0]["stsb_dev_spearman"] == pytest.approx(ddp[0]["stsb_dev_spearman"], abs=1e-6)
-    for a, b in zip(ddp[1:], zero[1:]):
+    for a, b in zip(ddp[1:], zero[1:], strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (a, b)
         assert b["loss_contrastive"] == pytest.approx(a["loss_contrastive"], rel=1e-4)
         assert b["lr"] == pytest.approx(a["lr"], rel=1e-6)
     # Training moved the weights the same way: the dev scores after each step agree.
-    for a, b in zip(ddp[1:], zero[1:]):
+    for a, b in zip(ddp[1:], zero[1:], strict=True):
         assert b["stsb_dev_spearman"] == pytest.approx(a["stsb_dev_spearman"], abs=0.05)
 
 

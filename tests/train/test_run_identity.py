@@ -10,7 +10,7 @@ The earlier runs here are checkpoint directories written by checkpointing.save_l
 from __future__ import annotations
 
 import json
-import shutil
+from pathlib import Path
 
 import pytest
 
@@ -260,24 +260,21 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_real_run_is_refused_with_other_settings(ray_local, tmp_path, tiny_bert_path):
-    """Ray Train's own checkpoint layout: a finished run under output.run_name is found."""
-    from distributed_emb.paths import shipped_corpus
+def test_a_real_run_is_refused_with_other_settings(ray_local, tiny_run, tmp_path, tiny_bert_path):
+    """Ray Train's own checkpoint layout: the session's finished tiny run, under its
+    output.run_name in its storage path, is found from another output directory."""
+    from harness.tiny_run import tiny_run_config
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(open(shipped_corpus("wiki_sentences.txt")).read().split("\n")[:80]))
-    common = [
-        f"model.path={tiny_bert_path}",
-        f"data.path={corpus}",
-        "train.num_workers=1",
-        "train.batch_size=8",
-        "eval.eval_steps=1",
-        "eval.max_pairs=8",
-        "eval.test_after_training=false",
-    ]
-    trainer.run_training(_config(tmp_path, *common, "train.learning_rate=1e-5"))
-    assert list((tmp_path / "storage" / "r1").glob("checkpoint_*/" + IDENTITY_FILE))
+    config, _ = tiny_run
+    storage = Path(config.output.storage_path) / config.output.run_name
+    assert list(storage.glob("checkpoint_*/" + IDENTITY_FILE))
 
-    shutil.rmtree(tmp_path / "out")  # the output directory is not what finds the run
-    with pytest.raises(RunIdentityError, match="train.learning_rate 1e-05 → 3e-05"):
-        trainer.run_training(_config(tmp_path, *common, "train.learning_rate=3e-5"))
+    # The output directory is not what finds the run: this one is new.
+    other = tiny_run_config(
+        tiny_bert_path,
+        Path(config.output.dir).parent,
+        f"output.dir={tmp_path / 'out'}",
+        "train.learning_rate=3e-5",
+    )
+    with pytest.raises(RunIdentityError, match="train.learning_rate 0.0001 → 3e-05"):
+        trainer.run_training(other)

@@ -1,6 +1,7 @@
 """A real TorchTrainer run: 2 workers, tiny BERT, checkpoints, best-by-dev export."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,28 +9,9 @@ import pytest
 from distributed_emb.model.embedder import embed_module
 
 
-@pytest.fixture
-def tiny_config(tmp_path, tiny_bert_path):
-    from harness.tiny_run import tiny_config, tiny_corpus
-
-    first = tiny_corpus(tmp_path / "head.txt", lines=1).read_text().strip()
-    # 300 sentences plus 2 empty lines and 1 duplicate, which the run drops and counts.
-    corpus = tiny_corpus(tmp_path / "corpus.txt", lines=300, extra=("", "   ", first))
-    return tiny_config(
-        tiny_bert_path,
-        corpus,
-        tmp_path / "run",
-        "data.max_rows=null",
-        "data.deduplicate=true",
-        "train.max_steps=4",
-        "eval.eval_steps=2",
-        "loss.reconstruction_weight=0.5",
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.ray
-def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_config, tmp_path):
+def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
@@ -37,12 +19,11 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_config
     from distributed_emb.paths import shipped_senteval_dir
     from distributed_emb.train.checkpointing import load_encoder_weights
     from distributed_emb.train.loop import build_encoder
-    from distributed_emb.train.trainer import run_training
 
-    result = run_training(tiny_config)
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    tiny_config, result = tiny_run
+    metrics = json.loads((Path(tiny_config.output.dir) / "metrics.json").read_text())
 
-    assert [row["step"] for row in metrics["history"]] == [0, 2, 4]
+    assert [row["step"] for row in metrics["history"]] == [0, 1, 2, 3, 4]
     assert metrics["steps"] == 4 and metrics["global_batch"] == 16
     assert metrics["corpus"]["kept"] == 300
     assert metrics["corpus"]["dropped"] == {"empty": 2, "duplicate": 1}
