@@ -21,10 +21,9 @@ import time
 
 import pytest
 import requests
+from harness.processes import descendants, still_running
 from harness.ray_head import (
     RAY_CLI,
-    _descendants,
-    _still_running,
     base_env,
     free_ports,
     listening_addresses,
@@ -214,9 +213,9 @@ def test_a_local_run_demands_the_token_and_keeps_http_on_loopback(tmp_path):
             _join_gcs(type("Head", (), {"gcs_address": opened["gcs_address"]}), stranger)
         )
     finally:
-        tree = _descendants(local.pid)
+        tree = descendants(local.pid)
         local.communicate(input="", timeout=120)
-        for pid in _still_running(tree):
+        for pid in still_running(tree):
             os.kill(pid, signal.SIGKILL)
 
     # Token auth because our start asked for it (not Ray's default), and a token file only

@@ -31,25 +31,23 @@ def _upload_corpus_shards(bucket: str, lines: list[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
+    from harness.tiny_run import tiny_config
+
     from distributed_emb.train.trainer import run_training
 
     bucket = s3.create_bucket("distributed-emb-test")
     lines = open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:200]
     _upload_corpus_shards(bucket, lines)
-    config = load_config(
-        TrainingConfig,
-        "jobs/configs/informin_tiny.yaml",
-        [
-            f"model.path={tiny_bert_path}",
-            f"data.path={bucket}/corpus/",
-            "data.max_rows=null",
-            "train.max_steps=2",
-            "eval.eval_steps=2",
-            f"output.storage_path={bucket}/runs",
-            "output.run_name=s3-run",
-            "data.tokenize_in=ray_data",  # token ids made by a Ray Data stage
-            f"output.dir={tmp_path / 'run'}",
-        ],
+    config = tiny_config(
+        tiny_bert_path,
+        f"{bucket}/corpus/",
+        tmp_path / "run",
+        "data.max_rows=null",
+        "train.max_steps=2",
+        "eval.eval_steps=2",
+        f"output.storage_path={bucket}/runs",
+        "output.run_name=s3-run",
+        "data.tokenize_in=ray_data",  # token ids made by a Ray Data stage
     )
     metrics = run_training(config).metrics
 

@@ -242,26 +242,24 @@ def test_a_restarted_worker_reads_the_rest_of_its_epoch_from_the_shards(
 def test_a_run_and_its_resumption_read_one_build(ray_local, tmp_path, tiny_bert_path):
     """Two Train workers pad cached ids (no text reaches them); the resumed run continues from
     its checkpoint reading the same shards, and nothing is tokenised a second time."""
+    from harness.tiny_run import tiny_config
+
     from distributed_emb.train.trainer import run_training
 
     corpus, cache = _corpus(tmp_path, lines=200), tmp_path / "cache"
 
     def run(steps: int, *more: str) -> dict:
-        config = load_config(
-            TrainingConfig,
-            "jobs/configs/informin_tiny.yaml",
-            [
-                f"model.path={tiny_bert_path}",
-                f"data.path={corpus}",
-                "data.max_rows=null",
-                "data.token_cache=on",
-                f"data.token_cache_dir={cache}",
-                f"train.max_steps={steps}",
-                "eval.eval_steps=2",
-                "eval.max_pairs=16",
-                f"output.dir={tmp_path / 'run'}",
-                *more,
-            ],
+        config = tiny_config(
+            tiny_bert_path,
+            corpus,
+            tmp_path / "run",
+            "data.max_rows=null",
+            "data.token_cache=on",
+            f"data.token_cache_dir={cache}",
+            f"train.max_steps={steps}",
+            "eval.eval_steps=2",
+            "eval.max_pairs=16",
+            *more,
         )
         return run_training(config).metrics
 

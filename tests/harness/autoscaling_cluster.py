@@ -53,7 +53,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from harness.ray_head import base_env, free_ports
+from harness.processes import process_table, still_running, with_descendants
+from harness.ray_head import HeadPorts, base_env, head_command
 
 RAY_CLI = str(Path(sys.executable).with_name("ray"))
 WORKER_TYPE = "cpu_worker"  # stands for aws.yaml's gpu_1x_* types
@@ -177,11 +178,11 @@ def start_cluster(
     # Short path: Ray's unix sockets live under the temp dir and sun_path holds 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="rayc-", dir="/tmp")
     # Every interface: fake nodes reach the head on the machine's address, not loopback.
-    gcs_port, dashboard_port, client_port, *more = free_ports(9, host="")
+    ports = HeadPorts.free(host="")
     # The address fake nodes compute for themselves (they are started without a node IP):
     # the head must be on the same one, or the nodes' and the head's views disagree.
     node_ip = ray.util.get_node_ip_address()
-    gcs_address = f"{node_ip}:{gcs_port}"
+    gcs_address = f"{node_ip}:{ports.gcs}"
     token = token or secrets.token_hex(32)
     config_path = Path(temp_dir) / "autoscaling.yaml"
     config_path.write_text(
@@ -190,7 +191,7 @@ def start_cluster(
         )
     )
     cluster = LocalCluster(
-        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
+        dashboard_url=f"http://127.0.0.1:{ports.dashboard}",
         gcs_address=gcs_address,
         temp_dir=temp_dir,
         token=token,
@@ -200,29 +201,14 @@ def start_cluster(
     env = cluster.client_env()
     # The fake provider refuses to run without it; the autoscaler's default period is 5 s.
     env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
-    agent_http, agent_grpc, runtime_env_port, metrics, node_manager, object_manager = more
-    command = [
-        RAY_CLI,
-        "start",
-        "--head",
-        f"--node-ip-address={node_ip}",
-        f"--port={gcs_port}",
+    command = head_command(
+        ports,
+        node_ip,
+        temp_dir,
+        256 * 1024**2,
         f"--autoscaling-config={config_path}",
         "--num-cpus=0",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard_port}",
-        f"--ray-client-server-port={client_port}",
-        f"--dashboard-agent-listen-port={agent_http}",
-        f"--dashboard-agent-grpc-port={agent_grpc}",
-        f"--runtime-env-agent-port={runtime_env_port}",
-        f"--metrics-export-port={metrics}",
-        f"--node-manager-port={node_manager}",
-        f"--object-manager-port={object_manager}",
-        f"--object-store-memory={256 * 1024**2}",
-        f"--temp-dir={temp_dir}",
-        "--include-dashboard=true",
-        "--disable-usage-stats",
-    ]
+    )
     with open(cluster.log_path, "w") as log:
         # Not --block: `ray start` daemonises the head's processes and returns, so the
         # cluster outlives this process when started by hand (`up`), and tests and `down`
@@ -257,47 +243,15 @@ def start_cluster(
 # ---------------------------------------------------------------------------------------------
 
 
-def _process_table() -> dict[int, tuple[int, str, str]]:
-    """pid → (parent pid, start time, command line) from /proc (start time guards pid reuse)."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry.name)] = (int(fields[1]), fields[19], command.strip())
-    return table
-
-
 def cluster_processes(cluster: LocalCluster) -> dict[int, tuple[str, str]]:
     """pid → (start time, command line) of every process of this cluster: those naming its
     temp dir or GCS address, and all their descendants. Never this process."""
-    table = _process_table()
+    table = process_table()
     marks = (cluster.temp_dir, cluster.gcs_address)
-    found = {
-        pid for pid, (_, _, command) in table.items() if any(mark in command for mark in marks)
-    }
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    frontier = list(found)
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in found:
-                found.add(child)
-                frontier.append(child)
-    found.discard(os.getpid())
-    return {pid: (table[pid][1], table[pid][2]) for pid in found}
-
-
-def _alive(processes: dict[int, tuple[str, str]]) -> dict[int, tuple[str, str]]:
-    table = _process_table()
-    return {pid: info for pid, info in processes.items() if table.get(pid, (0, None))[1] == info[0]}
+    named = {pid for pid, (_, _, command) in table.items() if any(m in command for m in marks)}
+    found = with_descendants(named, table)
+    found.pop(os.getpid(), None)
+    return found
 
 
 def stop_cluster(cluster: LocalCluster, grace_s: float = 10) -> list[str]:
@@ -317,9 +271,9 @@ def stop_cluster(cluster: LocalCluster, grace_s: float = 10) -> list[str]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while _alive(processes) and time.monotonic() < deadline:
+        while still_running(processes) and time.monotonic() < deadline:
             time.sleep(0.5)
-        for pid, (_, command) in _alive(processes).items():
+        for pid, (_, command) in still_running(processes).items():
             killed.append(f"{pid} {command}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import requests
 
+from harness.processes import descendants, still_running
+
 RAY_CLI = str(Path(sys.executable).with_name("ray"))
 AUTH_ENV_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
@@ -91,39 +93,51 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """pid → (parent pid, start time) from /proc; the start time guards against pid reuse."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry.name)] = (int(fields[1]), fields[19])
-    return table
+@dataclass
+class HeadPorts:
+    """Every port a `ray start --head` opens, each picked free: no default port (6379, 8265,
+    10001, 52365...) that another Ray on the machine may hold."""
+
+    gcs: int
+    dashboard: int
+    client: int
+    agent_http: int
+    agent_grpc: int
+    runtime_env: int
+    metrics: int
+    node_manager: int
+    object_manager: int
+
+    @classmethod
+    def free(cls, host: str = "127.0.0.1") -> HeadPorts:
+        return cls(*free_ports(9, host=host))
 
 
-def _descendants(root: int) -> dict[int, str]:
-    table = _process_table()
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
-    found, frontier = {}, [root]
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in found:
-                found[child] = table[child][1]
-                frontier.append(child)
-    return found
-
-
-def _still_running(processes: dict[int, str]) -> list[int]:
-    table = _process_table()
-    return [pid for pid, started in processes.items() if table.get(pid, (0, None))[1] == started]
+def head_command(
+    ports: HeadPorts, node_ip: str, temp_dir, object_store_bytes: int, *more: str
+) -> list[str]:
+    """`ray start --head` on `ports`, its own temp dir, the dashboard on 127.0.0.1, plus `more`."""
+    return [
+        RAY_CLI,
+        "start",
+        "--head",
+        f"--node-ip-address={node_ip}",
+        f"--port={ports.gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={ports.dashboard}",
+        f"--ray-client-server-port={ports.client}",
+        f"--dashboard-agent-listen-port={ports.agent_http}",
+        f"--dashboard-agent-grpc-port={ports.agent_grpc}",
+        f"--runtime-env-agent-port={ports.runtime_env}",
+        f"--metrics-export-port={ports.metrics}",
+        f"--node-manager-port={ports.node_manager}",
+        f"--object-manager-port={ports.object_manager}",
+        f"--object-store-memory={object_store_bytes}",
+        f"--temp-dir={temp_dir}",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
+        *more,
+    ]
 
 
 def _wait_until_ready(head: LocalRayHead, process: subprocess.Popen, timeout_s: float) -> None:
@@ -148,7 +162,7 @@ def _wait_until_ready(head: LocalRayHead, process: subprocess.Popen, timeout_s: 
 
 
 def _stop(process: subprocess.Popen, head: LocalRayHead) -> None:
-    tree = _descendants(process.pid)
+    tree = descendants(process.pid)
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -159,12 +173,10 @@ def _stop(process: subprocess.Popen, head: LocalRayHead) -> None:
     # Ray's shutdown kills its own processes; give them a moment, then kill what is left of
     # this head's tree (workers, job drivers in their own sessions) by pid.
     deadline = time.monotonic() + 20
-    while _still_running(tree) and time.monotonic() < deadline:
+    while still_running(tree) and time.monotonic() < deadline:
         time.sleep(0.5)
-    for pid in _still_running(tree):
-        with contextlib.suppress(OSError):
-            command = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ")
-            head.leftovers.append(f"{pid} {command.decode(errors='replace').strip()}")
+    for pid, (_, command) in still_running(tree).items():
+        head.leftovers.append(f"{pid} {command}")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -179,21 +191,11 @@ def local_ray_head(
     """Start a head on 127.0.0.1 (token auth when `token` is given), yield it, always stop it."""
     # Short path: Ray's unix sockets live under the temp dir and sun_path holds 107 bytes.
     temp_dir = Path(tempfile.mkdtemp(prefix="rayh-", dir="/tmp"))
-    (
-        gcs_port,
-        dashboard_port,
-        client_port,
-        agent_http_port,
-        agent_grpc_port,
-        runtime_env_port,
-        metrics_port,
-        node_manager_port,
-        object_manager_port,
-    ) = free_ports(9)
+    ports = HeadPorts.free()
     head = LocalRayHead(
-        dashboard_url=f"http://127.0.0.1:{dashboard_port}",
-        dashboard_port=dashboard_port,
-        gcs_address=f"127.0.0.1:{gcs_port}",
+        dashboard_url=f"http://127.0.0.1:{ports.dashboard}",
+        dashboard_port=ports.dashboard,
+        gcs_address=f"127.0.0.1:{ports.gcs}",
         temp_dir=temp_dir,
         token=token,
         log_path=temp_dir / "ray_start.log",
@@ -202,28 +204,14 @@ def local_ray_head(
     env["RAY_AUTH_MODE"] = "token" if token else "disabled"
     if token:
         env["RAY_AUTH_TOKEN"] = token
-    command = [
-        RAY_CLI,
-        "start",
-        "--head",
+    command = head_command(
+        ports,
+        "127.0.0.1",
+        temp_dir,
+        object_store_mb * 1024 * 1024,
         "--block",
-        "--node-ip-address=127.0.0.1",
-        f"--port={gcs_port}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard_port}",
-        f"--ray-client-server-port={client_port}",
-        f"--dashboard-agent-listen-port={agent_http_port}",
-        f"--dashboard-agent-grpc-port={agent_grpc_port}",
-        f"--runtime-env-agent-port={runtime_env_port}",
-        f"--metrics-export-port={metrics_port}",
-        f"--node-manager-port={node_manager_port}",
-        f"--object-manager-port={object_manager_port}",
         f"--num-cpus={num_cpus}",
-        f"--object-store-memory={object_store_mb * 1024 * 1024}",
-        f"--temp-dir={temp_dir}",
-        "--include-dashboard=true",
-        "--disable-usage-stats",
-    ]
+    )
     with open(head.log_path, "w") as log:
         process = subprocess.Popen(
             command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -28,7 +28,7 @@ def tiny_corpus(path: Path, lines: int = 300, extra: tuple[str, ...] = ()) -> Pa
     return path
 
 
-def tiny_config(model_path: str, corpus: Path, output: Path, *overrides: str, config=None):
+def tiny_config(model_path: str, corpus: Path | str, output: Path, *overrides: str, config=None):
     """informin_tiny.yaml for `model_path` on `corpus`, writing to `output`, then `overrides`.
     `config`: another config class (default TrainingConfig)."""
     from distributed_emb.config import TrainingConfig, load_config
