@@ -14,6 +14,11 @@ import pytest
 # that tests that start Ray or read data themselves run as a job does.
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+# Ray Train's controller polls its workers every 2 s and moves a run from one state to the next
+# (started, running, finished) only at a poll: a tiny run waits several seconds for nothing. The
+# suite makes ~40 Train runs; every Ray it starts (shared, jobs, heads, clusters) inherits this.
+# A slow poll is only a missed health check (fatal after 10 min), so nothing else changes.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 from harness import local_ray  # noqa: E402
 
 import distributed_emb.cli  # noqa: E402, F401
