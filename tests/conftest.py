@@ -121,8 +121,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _shared_ray_only_where_used(request):
     """A module that does not use the shared instance may start its own Ray, a `ray start`
-    head or a cluster: the shared one is stopped first (the ordering makes this happen at most
-    once a session, before the first shared module it is never needed again)."""
+    head or a cluster: the shared one is stopped first. The ordering runs every shared module
+    after the others, so in a whole-suite run this finds nothing to stop."""
     if request.node.module not in request.config.stash.get(_SHARED_RAY_MODULES, set()):
         local_ray.stop_shared_ray()
     yield
