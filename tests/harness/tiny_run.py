@@ -53,7 +53,9 @@ TINY_RUN_SETTINGS = (
 def tiny_run_config(model_path: str, directory: Path, *overrides: str):
     """The tiny run's config in `directory` (corpus.txt, storage/, and `run/` for the output),
     with `overrides` on top."""
-    first = tiny_corpus(directory / "head.txt", lines=1).read_text().strip()
+    from distributed_emb.paths import shipped_corpus
+
+    first = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[0]
     # 300 sentences plus 2 empty lines and 1 duplicate, which the run drops and counts.
     corpus = tiny_corpus(directory / "corpus.txt", lines=300, extra=("", "   ", first))
     return tiny_config(
