@@ -368,7 +368,6 @@ KEY_HELP = {
     "data.group_column": "rows of one group (document) are not each other's negatives, and "
     "are one cluster of loss.mcr2",
     "data.shuffle_seed": "seed of the corpus shuffle",
-    "data.shuffle_buffer_rows": "rows in each worker's shuffle buffer",
     "loss.temperature": "τ of InfoNCE",
     "loss.mlm_probability": "share of tokens masked for the MLM term",
     "loss.mlm_weight": "weight of the masked-language-model term",

@@ -105,6 +105,11 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 
 # Keys that were renamed: the old name fails with the new one, never silently.
 RENAMED_KEYS = {
+    "data.shuffle_buffer_rows": (
+        "data.block_rows",
+        "rows are shuffled within each source block of data.block_rows rows, in an order that "
+        "does not depend on the number of workers",
+    ),
     "train.checkpoint_steps": (
         "train.report_steps",
         "every report evaluates STS-B dev as well as writing a checkpoint",
@@ -432,10 +437,10 @@ class DataConfig:
     # tokenisation: no real sentence is this long, a broken file's megabyte "line" is.
     max_chars: int = 20_000
     block_rows: int = 10_000  # rows per block read (the unit of parallelism and counting)
-    # Shuffling: a buffer of this many rows per worker, seeded per epoch and rank (streaming
-    # corpora have no global order to permute); None: file order.
+    # Shuffling (data/epoch_order.py): files in an order drawn per epoch, the rows of each
+    # block of data.block_rows in an order drawn per epoch; the same for any worker count.
+    # None: file order.
     shuffle_seed: int | None = 0
-    shuffle_buffer_rows: int = 10_000
     # Where text becomes token ids: "ray_data" in a Ray Data stage on the cluster's CPUs (what
     # GPUs need: data/tokenize.py), "worker" in each Train worker, "auto" = ray_data on GPU runs.
     tokenize_in: typing.Literal["auto", "worker", "ray_data"] = "auto"
@@ -445,8 +450,8 @@ class DataConfig:
     # in Ray Data and read the whole corpus (train.max_steps unset).
     token_cache: typing.Literal["auto", "on", "off"] = "auto"
     token_cache_dir: str | None = None  # local or s3://...; None: <storage path>/token_cache
-    # > 1: sort each pool of this many batches by token length before batching (less padding,
-    # see data/collate.py LengthGroupedCollator and docs/BENCHMARKS.md); 0 or 1: random batches.
+    # > 1: sort each pool of this many global batches by length before cutting it (less
+    # padding: data/global_batches.py, docs/BENCHMARKS.md); 0 or 1: batches as they come.
     length_group_batches: int = 0
 
 
@@ -490,7 +495,11 @@ class DeepSpeedConfig:
 
 @dataclass
 class TrainLoopConfig:
-    num_workers: int = 2
+    # Ray Train workers: a number, or [min, max] for an elastic group that starts once `min`
+    # fit, grows as nodes arrive and shrinks when one is lost (Ray Train's elastic worker
+    # groups). The global batch stays `batch_size × max` whatever the group's size: each of W
+    # workers takes global/W rows, so it must divide by every size in the range.
+    num_workers: int | list[int] = 2
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     engine: typing.Literal["ddp", "deepspeed"] = "ddp"
@@ -507,7 +516,8 @@ class TrainLoopConfig:
     # measured 0.97x eager after 50-100 s of compiling (docs/BENCHMARKS.md); the gain it
     # exists for is on GPUs (bench/gpu_check.sh measures it).
     compile: bool = False
-    batch_size: int = 32  # per worker; the global batch (negatives) is num_workers × this
+    # Per worker (at the largest group); the global batch (negatives) is num_workers × this.
+    batch_size: int = 32
     # GradCache: embed in mini-batches of this size to cap memory (None: one pass).
     mini_batch_size: int | None = None
     gradient_accumulation_steps: int = 1
@@ -534,6 +544,26 @@ class TrainLoopConfig:
     # resources (a pipeline that can never be scheduled, nodes that never come); null: never.
     stall_timeout_s: float | None = 600.0
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, (list, tuple))
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if self.elastic else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[-1] if self.elastic else self.num_workers
+
+    @property
+    def global_batch(self) -> int:
+        """Rows of one micro-step over the whole group, the same for every group size."""
+        return self.max_workers * self.batch_size
+
+    def worker_counts(self) -> range:
+        return range(self.min_workers, self.max_workers + 1)
 
 
 @dataclass
@@ -651,7 +681,6 @@ class TrainingConfig:
         require_range(d.max_chars, "data.max_chars", 1)
         require_range(d.block_rows, "data.block_rows", 1)
         require_range(d.dedup_partitions, "data.dedup_partitions", 1)
-        require_range(d.shuffle_buffer_rows, "data.shuffle_buffer_rows", 0)
         require_range(d.tokenize_batch_rows, "data.tokenize_batch_rows", 1)
         require_range(lo.temperature, "loss.temperature", 0, low_open=True)
         require_range(lo.reconstruction_weight, "loss.reconstruction_weight", 0)
@@ -744,7 +773,7 @@ class TrainingConfig:
                 "(loss.mcr2_weight, loss.mcr2.distill_weight) uses it: give a term a weight or "
                 "drop the teacher",
             )
-        require_range(t.num_workers, "train.num_workers", 1)
+        validate_worker_counts(t)
         require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
         require_range(t.batch_size, "train.batch_size", 2, why="in-batch negatives")
         require_range(
@@ -819,6 +848,31 @@ class TrainingConfig:
             value = getattr(section, key)
             if value is not None and Path(value).expanduser().is_dir():
                 setattr(section, key, str(Path(value).expanduser().resolve()))
+
+
+def validate_worker_counts(t: TrainLoopConfig) -> None:
+    """`train.num_workers`: a count, or [min, max] whose every size splits the global batch."""
+    if not t.elastic:
+        require_range(t.num_workers, "train.num_workers", 1)
+        return
+    _require(
+        len(t.num_workers) == 2 and 1 <= t.num_workers[0] <= t.num_workers[1],
+        "train.num_workers",
+        f"{list(t.num_workers)}: a range is [min, max] with 1 <= min <= max",
+    )
+    uneven = [w for w in t.worker_counts() if t.global_batch % w]
+    if uneven:
+        step = math.lcm(*t.worker_counts())
+        unit = step // math.gcd(step, t.max_workers)  # batch_size must be a multiple of this
+        suggestion = -(-t.batch_size // unit) * unit
+        _require(
+            False,
+            "train.num_workers",
+            f"{list(t.num_workers)}: the global batch {t.global_batch} (train.batch_size "
+            f"{t.batch_size} × max {t.max_workers}) does not split evenly over {uneven} "
+            f"workers (each of W workers takes global/W rows); use train.batch_size="
+            f"{suggestion} (a global batch of {suggestion * t.max_workers}) or narrow the range",
+        )
 
 
 def validate_mcr2_loss(c: MCR2LossConfig, key: str) -> None:

@@ -3,7 +3,7 @@ Train is asked for anything.
 
 Parts of a training job (docs/OPERATIONS.md, "Sizing a cluster"):
 - Ray Train workers: `train.num_workers` bundles of `train.cpus_per_worker` CPUs (+1 GPU each
-  with `train.use_gpu`), held for the whole run;
+  with `train.use_gpu`), held for the whole run (an elastic [min, max] group: `min` must fit);
 - Ray Data's share, `train.data_cpus`: the tasks that read, clean and feed the corpus. Ray
   Train V2 subtracts its workers' bundles from Ray Data's budget and every Ray Data task asks
   for a whole CPU, so at least one node must keep a whole CPU free of Train workers, or the
@@ -459,9 +459,11 @@ def _v1_autoscaler_runs(kv_get) -> bool:
 
 def training_plan(config, cluster: ClusterShape, extras: list[Extra] = ()) -> ResourcePlan:
     t = config.train
+    # An elastic group ([min, max]) starts once `min` workers fit and grows as nodes come:
+    # fitting `min` is what the run needs; the rest is the autoscaler's to add.
     return compute_plan(
         cluster,
-        t.num_workers,
+        t.min_workers,
         t.cpus_per_worker,
         t.use_gpu,
         t.data_cpus,

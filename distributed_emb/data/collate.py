@@ -73,28 +73,6 @@ class ContrastiveCollator(_CollateBase):
             out["mlm_attention_mask"] = first["attention_mask"]
         return out
 
-    def token_lengths(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """(n,) tokens per row after truncation (pairs: the longer of anchor and positive)."""
-        columns = (
-            [self.text_column]
-            if self.kind == "sentences"
-            else [self.anchor_column, self.positive_column]
-        )
-        if all(column + IDS_SUFFIX in batch for column in columns):
-            return np.max([(batch[c + IDS_SUFFIX] != NO_TOKEN).sum(1) for c in columns], axis=0)
-        per_column = [
-            [
-                len(ids)
-                for ids in self.tokenizer(
-                    [str(t) for t in batch[column]],
-                    truncation=True,
-                    max_length=self.max_seq_length,
-                )["input_ids"]
-            ]
-            for column in columns
-        ]
-        return np.max(np.array(per_column), axis=0)
-
     def _encode(self, batch: dict[str, np.ndarray], columns: list[str]) -> dict[str, torch.Tensor]:
         """The columns' rows, one after the other, padded to one length: tokenised here, or
         only padded when Ray Data tokenised them already (data/tokenize.py; token-id matrices
@@ -167,38 +145,6 @@ class ContrastiveCollator(_CollateBase):
             len(self.tokenizer), labels.shape, generator=self.generator
         )[randomise]
         return masked, labels
-
-
-class LengthGroupedCollator(_CollateBase):
-    """A pool of k·B rows → k batches of B rows of similar token length.
-
-    Dynamic padding pads each batch to its longest row; with random batches at
-    max_seq_length 32 a fifth of the tokens computed are padding (half at 64 and above, on the
-    shipped Wikipedia sentences). Sorting a pool of k batches by length before cutting it into
-    batches removes most of that, then the batch order is shuffled so training does not see
-    short sentences first. Each batch is collated by the wrapped `ContrastiveCollator`.
-
-    Rows of a batch then have similar lengths, so in-batch negatives differ less in length:
-    this changes the training distribution slightly, so the built-in default is off
-    (`data.length_group_batches`); the InforMin-CL job turns it on, where its quality at equal
-    steps was measured (docs/BENCHMARKS.md). A pool's remainder of fewer than B rows is dropped.
-    """
-
-    def __init__(self, collator: ContrastiveCollator, batch_size: int, seed: int = 0):
-        self.collator = collator
-        self.batch_size = batch_size
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> list[dict[str, torch.Tensor]]:
-        lengths = self.collator.token_lengths(batch)  # (n,)
-        order = np.argsort(lengths, kind="stable")
-        usable = len(order) // self.batch_size * self.batch_size
-        groups = order[:usable].reshape(-1, self.batch_size)  # (k, B) row indices
-        shuffled = torch.randperm(len(groups), generator=self.generator).numpy()
-        return [
-            self.collator({key: values[rows] for key, values in batch.items()})
-            for rows in groups[shuffled]
-        ]
 
 
 def _group_ids(values) -> np.ndarray:

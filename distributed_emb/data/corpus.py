@@ -1,8 +1,8 @@
 """Sentence corpora and pair tables → a lazy, streaming Ray Dataset, with exact drop counts.
 
 The driver only lists the files (data/sources.py). Reading, parsing and cleaning run as Ray
-Data tasks (data/readers.py); training consumes the stream shard by shard
-(data/sharding.py), so a corpus of any size starts training as soon as its first block is
+Data tasks (data/readers.py); training consumes one stream of global batches
+(data/stream.py, data/global_batches.py), so a corpus of any size starts training as soon as its first block is
 read, and nothing of it passes through the driver.
 
 Drop counts: each cleaning task counts its block's rows by reason and hands the counts to one
@@ -64,20 +64,29 @@ def corpus_path(data_config) -> str | list[str]:
 
 
 class DropCounter:
-    """Collects per-block drop counts; a block reported twice (re-read) counts once."""
+    """Collects per-block drop counts; a block reported twice (re-read) counts once. It also
+    counts every row the cleaning tasks saw, re-reads included (`rows_read`): what reading
+    really cost."""
 
     def __init__(self):
         self._blocks: set[int] = set()
         self._report = DropReport()
+        self._rows_read = 0
 
     def add(self, key: int, counts: dict) -> None:
+        block = DropReport.from_dict(counts)
+        if key >= 0:  # read blocks; de-duplication's corrections (negative keys) move rows
+            self._rows_read += block.rows
         if key in self._blocks:
             return
         self._blocks.add(key)
-        self._report.merge(DropReport.from_dict(counts))
+        self._report.merge(block)
 
     def report(self) -> dict:
         return self._report.as_dict()
+
+    def rows_read(self) -> int:
+        return self._rows_read
 
 
 def start_drop_counter():
@@ -213,12 +222,12 @@ def check_small_corpus(config) -> None:
         data.max_rows, data.max_chars,
     )  # fmt: skip
     train = config.train
-    per_step = train.num_workers * train.batch_size * train.gradient_accumulation_steps
+    per_step = train.global_batch * train.gradient_accumulation_steps
     kept = len(rows[rules.fields[0]])
     if kept < per_step:
         raise CorpusError(
             f"{path}: {kept} usable rows cannot fill one step of {per_step} (train.num_workers "
-            f"{train.num_workers} × train.batch_size {train.batch_size} × "
+            f"{train.max_workers} × train.batch_size {train.batch_size} × "
             f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}); "
             f"{report.summary()}"
         )

@@ -12,8 +12,10 @@ and counted as ``too_long``. Each row leaves the reader either kept (its normali
 with a drop reason and where it was (``file:line``); nothing is lost without a count.
 
 Every row gets a stable id, ``file index << 36 | line (or row) number``: the same row has the
-same id in every epoch, on every worker and in every run over the same files, which is what
-sharding (data/sharding.py) and exact resume (train/loop.py) rely on.
+same id in every epoch, on every worker and in every run over the same files: what the row
+log (`output.row_log`) and the de-duplication's "first copy" rely on. Block bounds are fixed
+by the file too, which is what an epoch's order and a resume position are made of
+(data/epoch_order.py).
 
 `RowRules` decides what a record means (sentence/pair corpora here, documents in
 data/documents.py); the reader only turns bytes into records.
@@ -21,6 +23,7 @@ data/documents.py); the reader only turns bytes into records.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -57,6 +60,17 @@ class RowRules(Protocol):
 
     def normalise(self, record: dict) -> tuple[dict | None, str, str]:
         """(kept values, "", "") or (None, drop reason, detail)."""
+
+
+@dataclass
+class StoredRows:
+    """Parquet shards the product wrote itself (the token cache): every column as stored,
+    the original row ids included, nothing to clean."""
+
+    stored = True
+    fields: list[str] = field(default_factory=list)
+    required: list[str] = field(default_factory=list)
+    max_chars: int = 0
 
 
 @dataclass
@@ -265,9 +279,12 @@ def iter_lines(read: Any, max_line_bytes: int, chunk_bytes: int = 1 << 20) -> It
             return
 
 
-def _line_records(lines: Iterable[Any], file: SourceFile, text_field: str | None):
-    """(number, record | None, reason, detail) for each line of a txt or jsonl file."""
-    for number, raw in enumerate(lines, start=1):
+def _line_records(
+    lines: Iterable[Any], file: SourceFile, text_field: str | None, first: int = 1
+):
+    """(number, record | None, reason, detail) for each line of a txt or jsonl file, the first
+    numbered `first`."""
+    for number, raw in enumerate(lines, start=first):
         if raw is TOO_LONG:
             yield number, None, "too_long", "line longer than the max_chars cap"
             continue
@@ -334,9 +351,13 @@ def _record_batches(handle, file: SourceFile, rules: RowRules) -> Iterator[pa.Re
         yield from pa.ipc.open_stream(handle)
 
 
-def _vectorised_blocks(batches, file: SourceFile, rules, block_rows: int) -> Iterator[pa.Table]:
-    """Parquet/Arrow batches → parsed blocks without a Python loop over rows."""
+def _vectorised_blocks(
+    batches, file: SourceFile, rules, block_rows: int, skip_blocks: int = 0
+) -> Iterator[pa.Table]:
+    """Parquet/Arrow batches → parsed blocks without a Python loop over rows; the first
+    `skip_blocks` blocks are counted past, not parsed."""
     first = 1
+    blocks = 0
     for batch in batches:
         table = pa.Table.from_batches([batch])
         missing = [name for name in rules.required if name not in table.column_names]
@@ -346,6 +367,10 @@ def _vectorised_blocks(batches, file: SourceFile, rules, block_rows: int) -> Ite
             )
         for start in range(0, table.num_rows, block_rows):
             part = table.slice(start, block_rows)
+            blocks += 1
+            if blocks <= skip_blocks:
+                first += part.num_rows
+                continue
             values, reasons, details = rules.normalise_arrow(part)
             numbers = np.arange(first, first + part.num_rows, dtype=np.int64)
             first += part.num_rows
@@ -362,26 +387,47 @@ def _vectorised_blocks(batches, file: SourceFile, rules, block_rows: int) -> Ite
 
 
 def read_file_blocks(
-    filesystem: pafs.FileSystem, file: SourceFile, rules: RowRules, block_rows: int = 10_000
+    filesystem: pafs.FileSystem,
+    file: SourceFile,
+    rules: RowRules,
+    block_rows: int = 10_000,
+    skip_blocks: int = 0,
 ) -> Iterator[pa.Table]:
-    """Parsed blocks of one file: the kept columns of `rules` plus ROW_ID, DROP and WHERE."""
+    """Parsed blocks of one file: the kept columns of `rules` plus ROW_ID, DROP and WHERE.
+
+    Block bounds depend on the file alone (`block_rows` lines or rows; a Parquet record batch
+    is never split across blocks), so block b of a file is the same rows in every read.
+    `skip_blocks`: leading blocks read past without parsing (a resumed epoch, data/epoch_order.py).
+    """
     text_field = rules.fields[0] if len(rules.fields) == 1 else None
     with _open(filesystem, file) as handle:
+        if getattr(rules, "stored", False):
+            batches = pq.ParquetFile(handle).iter_batches(batch_size=block_rows)
+            for batch in itertools.islice(batches, skip_blocks, None):
+                yield pa.Table.from_batches([batch])
+            return
         if file.format in ("parquet", "arrow") and hasattr(rules, "normalise_arrow"):
             yield from _vectorised_blocks(
-                _record_batches(handle, file, rules), file, rules, block_rows
+                _record_batches(handle, file, rules), file, rules, block_rows, skip_blocks
             )
             return
+        skipped_records = skip_blocks * block_rows
         if file.format in ("txt", "jsonl"):
-            records = _line_records(
-                iter_lines(handle.read, 4 * rules.max_chars + 4), file, text_field
-            )
+            lines = iter_lines(handle.read, 4 * rules.max_chars + 4)
+            # Whole lines past, undecoded: one line is one record.
+            for _ in itertools.islice(lines, skipped_records):
+                pass
+            records = _line_records(lines, file, text_field, first=skipped_records + 1)
+            skipped_records = 0
             label = ""
         else:
             records = _table_records(_record_batches(handle, file, rules), file, rules)
             label = "row "
         rows: list[tuple[int, dict | None, str, str]] = []
         for number, record, reason, detail in records:
+            if skipped_records:
+                skipped_records -= 1
+                continue
             if record is not None:
                 values, reason, detail = rules.normalise(record)
                 record = values
@@ -420,11 +466,37 @@ def iter_parsed_blocks(files: CorpusFiles, rules: RowRules, block_rows: int = 10
 # ---------------------------------------------------------------------------------------------
 
 
-def corpus_datasource(files: CorpusFiles, rules: RowRules, block_rows: int = 10_000):
+def corpus_datasource(
+    files: CorpusFiles,
+    rules: RowRules,
+    block_rows: int = 10_000,
+    order=None,
+    start_block: int = 0,
+    with_sequence: bool = False,
+):
     """A Ray Data datasource with one read task per file: the files are opened and parsed on
-    the cluster, never on the driver."""
+    the cluster, never on the driver.
+
+    `order` (data/epoch_order.py EpochOrder): the files in that epoch's order, each block's rows
+    shuffled and tagged with its key; `start_block` (a block key) the first block read, for a
+    resumed epoch: files before it are not opened; `with_sequence`: each row's place in its
+    block too (what puts the order back after de-duplication). The tasks must run in order
+    (`preserve_order`) for the stream to follow it."""
     from ray.data.block import BlockMetadata  # startup
     from ray.data.datasource import Datasource, ReadTask  # startup
+
+    from distributed_emb.data.epoch_order import ordered_block, split_block_key
+
+    if order is None:
+        plan = [(index, index, 0) for index in range(len(files.files))]
+    else:
+        first_unit, first_block = split_block_key(start_block)
+        units = order.units(len(files.files))
+        plan = [
+            (int(unit), ordinal, first_block if ordinal == first_unit else 0)
+            for ordinal, unit in enumerate(units)
+            if ordinal >= first_unit
+        ]
 
     class CorpusDatasource(Datasource):
         def estimate_inmemory_data_size(self) -> int | None:
@@ -432,13 +504,19 @@ def corpus_datasource(files: CorpusFiles, rules: RowRules, block_rows: int = 10_
 
         def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
             tasks = []
-            for file, filesystem in zip(files.files, files.filesystems):
+            for unit, ordinal, skip in plan:
+                file, filesystem = files.files[unit], files.filesystems[unit]
                 metadata = BlockMetadata(
                     num_rows=None, size_bytes=file.size, input_files=[file.path], exec_stats=None
                 )
 
-                def read(file=file, filesystem=filesystem):
-                    yield from read_file_blocks(filesystem, file, rules, block_rows)
+                def read(file=file, filesystem=filesystem, unit=unit, ordinal=ordinal, skip=skip):
+                    blocks = read_file_blocks(filesystem, file, rules, block_rows, skip)
+                    if order is None:
+                        yield from blocks
+                        return
+                    for number, block in enumerate(blocks, start=skip):
+                        yield ordered_block(block, order, unit, ordinal, number, with_sequence)
 
                 tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
             return tasks

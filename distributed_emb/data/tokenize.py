@@ -2,7 +2,7 @@
 
 On a GPU the encoder consumes tens of thousands of sentences a second, more than one
 tokenising thread in each Train worker can feed. With `data.tokenize_in=ray_data` each rank's
-stream (data/sharding.py) gains a `map_batches` stage that tokenises and truncates its rows
+stream (data/stream.py) gains a `map_batches` stage that tokenises and truncates its rows
 in Ray Data tasks, on whatever CPUs the cluster has left after the Train workers, and hands
 the worker lists of token ids; the worker only pads, builds the MLM mask and moves the batch
 to the device (data/collate.py reads `<column>__ids` when present). The ids are exactly what

@@ -45,6 +45,9 @@ class LoopState:
     truncated: int = 0  # rows cut by max_seq_length, global
     restarts: int = 0  # times this run resumed from a checkpoint after a failure
     history: list[dict] = field(default_factory=list)  # evaluations so far
+    # Where the next global batch starts (data/epoch_order.py DataPosition, as a dict): all a
+    # resumed or resized run needs to continue the epoch exactly.
+    position: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

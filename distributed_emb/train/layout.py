@@ -39,7 +39,9 @@ class NodeShape:
 def auto_layout(train: TrainLoopConfig, node: NodeShape) -> tuple[dict, str]:
     """(the fields of `train` to change, a one-line reason) for train.layout=auto; the global
     batch (num_workers × batch_size) never changes."""
-    global_batch = train.num_workers * train.batch_size
+    global_batch = train.global_batch
+    if train.elastic:
+        return {}, "an elastic group (train.num_workers is a range): as set"
     if node.nodes > 1:
         return {}, f"{node.nodes} nodes: the layout as set"
     if train.use_gpu:

@@ -25,13 +25,10 @@ from transformers import AutoTokenizer
 
 from distributed_emb import distributed
 from distributed_emb.config import TrainingConfig, TrainLoopConfig, training_config_from_dict
-from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
-from distributed_emb.data.epoch_stream import (
-    TrainedRowLog,
-    epoch_batches,
-    load_epoch_rows,
-    save_epoch_rows,
-)
+from distributed_emb.data.collate import ContrastiveCollator
+from distributed_emb.data.epoch_order import DataPosition
+from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
+from distributed_emb.data.global_batches import RankStream, batch_plan, data_resources
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.losses.objective import ObjectiveWeights
 from distributed_emb.mcr2.head import load_head
@@ -65,7 +62,7 @@ def build_encoder(config: TrainingConfig) -> TrainableEncoder:
     return encoder
 
 
-def plan_steps(config: TrainingConfig, num_rows: int | None, world_size: int) -> int:
+def plan_steps(config: TrainingConfig, num_rows: int | None) -> int:
     """Optimizer steps in total (what the learning-rate schedule spans).
 
     `num_rows` None: the corpus was not counted (a stream with `train.max_steps` set), and the
@@ -74,11 +71,14 @@ def plan_steps(config: TrainingConfig, num_rows: int | None, world_size: int) ->
         if config.train.max_steps is None:
             raise ValueError("an uncounted corpus needs train.max_steps")
         return config.train.max_steps
-    batches_per_epoch = num_rows // (world_size * config.train.batch_size)
+    # The global batch is the same for every group size (elastic groups included), so the
+    # schedule is too.
+    batches_per_epoch = num_rows // config.train.global_batch
     if batches_per_epoch < config.train.gradient_accumulation_steps:
         raise ValueError(
-            f"{num_rows} rows give no full step at batch_size {config.train.batch_size} × "
-            f"{world_size} workers × {config.train.gradient_accumulation_steps} accumulation"
+            f"{num_rows} rows give no full step at a global batch of "
+            f"{config.train.global_batch} × {config.train.gradient_accumulation_steps} "
+            "accumulation"
         )
     steps = config.train.epochs * batches_per_epoch // config.train.gradient_accumulation_steps
     if config.train.max_steps is not None:
@@ -107,6 +107,9 @@ class WorkerRun:
         config = self.config = training_config_from_dict(self.config_dict)
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        # An elastic group of any size trains the same global batch: this worker's share.
+        config.train.batch_size = config.train.global_batch // self.world
+        config.train.num_workers = self.world
         torch.set_num_threads(worker_threads(config))
         # A different seed per rank: each worker's dropout masks must differ.
         torch.manual_seed(config.train.seed + self.rank)
@@ -118,7 +121,7 @@ class WorkerRun:
         )
         self.encoder = build_encoder(config)
         self.encoder.train()  # from_pretrained gives eval mode: without this, no dropout noise
-        self.total_steps = plan_steps(config, loop_config["num_rows"], self.world)
+        self.total_steps = plan_steps(config, loop_config["num_rows"])
         self.engine = build_engine(
             self.encoder, self._decided_precision(), self.total_steps, self.device
         )
@@ -130,19 +133,20 @@ class WorkerRun:
         self.step_fn = _step_function(config)
 
         self.state = LoopState()
-        # Row ids every rank trained on in the current epoch (the union of all ranks, so a
-        # changed worker count resumes exactly too); the first entry is what a resumed epoch
-        # trained before its checkpoint, skipped when the epoch continues.
-        self.epoch_rows: list[np.ndarray] = [self._restore()]
+        self._restore()
 
-        # Length grouping: pools of `group` batches, which the collator cuts into `group`
-        # batches of similar length.
-        self.group = max(1, config.data.length_group_batches)
-        self.collate = _collator(config, self.tokenizer, self.rank, self.group)
+        self.collate = _collator(config, self.tokenizer, self.rank)
         self.row_log = (
             TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
         )
-        self.shard = ray.train.get_dataset_shard("train")
+        # The run's one stream of global batches (data/global_batches.py); this rank's slices.
+        self.stream = RankStream.connect(
+            loop_config["source"],
+            batch_plan(config),
+            self.rank,
+            self.world,
+            data_resources(config.train, self.world),
+        )
         self.progress = ProgressLog.for_worker(
             config, self.total_steps, self.world, self.rank, start_step=self.state.step
         )
@@ -160,49 +164,45 @@ class WorkerRun:
             log.warning("train.precision=auto: %s on %s", choice, self.device)
         return dataclasses.replace(train, precision=choice)
 
-    def _restore(self) -> np.ndarray:
-        """Load the checkpoint Ray hands a restarted run; the row ids trained this epoch."""
+    def _restore(self) -> None:
+        """Load the checkpoint Ray hands a restarted (or resized) run: weights, optimizer,
+        loop state and the data position, which is all a resumed epoch needs."""
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
-            return np.zeros(0, dtype=np.int64)
+            return
         with checkpoint.as_directory() as directory:
             self.engine.load(directory)
             self.state = load_loop_state(directory, self.rank)
-            trained_before = load_epoch_rows(directory)
         self.state.restarts += 1
         if self.rank == 0:
             state = self.state
             log.warning(
-                "resumed from step %d (epoch %d, batch %d)",
+                "resumed from step %d (epoch %d, batch %d) on %d workers, data position %s",
                 state.step,
                 state.epoch,
                 state.batches_in_epoch,
+                self.world,
+                state.position,
             )
-        return trained_before
 
     def wants_another_epoch(self) -> bool:
         return self.state.step < self.total_steps and self.state.epoch < self.config.train.epochs
 
     def train_epoch(self) -> None:
-        """Train on this rank's shard until it runs out (on any rank) or the run is done."""
-        config, state = self.config, self.state
-        pools = epoch_batches(
-            self.shard,
-            config.train.batch_size * self.group,
-            None if config.data.shuffle_seed is None else config.data.shuffle_buffer_rows,
-            seed=(config.data.shuffle_seed or 0) + 1000 * state.epoch + self.rank,
-            skip=np.concatenate(self.epoch_rows) if state.batches_in_epoch else None,
-            # A last partial pool still gives its whole batches (length grouping).
-            last_at_least=config.train.batch_size if self.group > 1 else None,
-        )
+        """Train on this rank's slices of the epoch's global batches, from the saved position,
+        until the epoch ends or the run is done."""
+        state = self.state
+        start = DataPosition.from_dict(state.position or {"epoch": state.epoch})
+        slices = self.stream.epoch(start)
         # Per optimizer step (summed over its micro-batches): seconds waiting for batches,
         # seconds computing, real tokens. Plain numbers and tensors: no host/device sync.
         waited, computed, real_tokens = 0.0, 0.0, 0
-        for batch, wait in _timed(_collated(pools, self.collate, self.device)):
-            # Every rank must take the same steps (gathers wait for all): the epoch ends for
-            # all as soon as one rank's shard runs out.
+        for (batch, position), wait in _timed(_collated(slices, self.collate, self.device)):
+            # Every rank takes a slice of the same global batches; the check keeps a rank
+            # whose request failed from leaving the others waiting in a gather.
             if not distributed.all_ranks(batch is not None):
                 break
+            state.position = position.as_dict()
             waited += wait
             started = time.perf_counter()
             if self.teacher is not None:
@@ -224,21 +224,20 @@ class WorkerRun:
         if state.step < self.total_steps:
             state.epoch += 1
             state.batches_in_epoch = 0
-            self.epoch_rows = [np.zeros(0, dtype=np.int64)]
+            state.position = DataPosition(epoch=state.epoch).as_dict()
 
     def _count_batch(self, batch: dict) -> None:
-        """Record a trained micro-batch: its rows (for an exact resume) and truncations."""
+        """Record a trained micro-batch: its rows (output.row_log) and truncations."""
         self.state.batches_in_epoch += 1
-        self.epoch_rows.append(batch["row_ids"].cpu().numpy())
         if self.row_log is not None:
-            self.row_log.write(self.state, self.epoch_rows[-1])
+            self.row_log.write(self.state, batch["row_ids"].cpu().numpy())
         self.truncated_since_report += batch["num_truncated"]
 
     def _optimizer_step_done(self, metrics, computed: float, real_tokens, waited: float) -> None:
         """Count the step, log it, and evaluate/report when it is due."""
         state, train = self.state, self.config.train
         state.step += 1
-        sentences = self.world * train.batch_size * self.accumulation
+        sentences = train.global_batch * self.accumulation
         state.sentences_seen += sentences
         self.progress.record(
             metrics, self.engine.lr, sentences, computed, real_tokens * self.world, waited
@@ -275,18 +274,18 @@ class WorkerRun:
         }
         state.history.append({k: v for k, v in metrics.items() if k != "final"})
         self.progress.print_eval(state.step, score, metrics)
-        _report(self.engine, state, metrics, self.config_dict, rank, self.epoch_rows)
+        _report(self.engine, state, metrics, self.config_dict, rank)
         self.progress.restart_clock()
 
     def finish(self) -> None:
         """Refuse a run that trained nothing; make the last step's report the final one."""
         state = self.state
         if state.step == 0:
-            rows = self.config.train.batch_size * self.accumulation
+            rows = self.config.train.global_batch * self.accumulation
             raise ValueError(
-                f"the corpus gave no full step: rank {self.rank}'s shard has fewer than "
-                f"batch_size × gradient_accumulation_steps = {rows} rows "
-                f"(world size {self.world}); use a larger corpus or a smaller batch"
+                f"the corpus gave no full step: fewer than the global batch × "
+                f"gradient_accumulation_steps = {rows} rows; use a larger corpus or a smaller "
+                "batch"
             )
         if state.history and state.history[-1].get("step") != state.step:
             # The corpus ran out before total_steps (an uncounted stream): the last step is
@@ -299,8 +298,8 @@ class WorkerRun:
         self.progress.close()
 
 
-def _collator(config: TrainingConfig, tokenizer, rank: int, group: int):
-    collate = ContrastiveCollator(
+def _collator(config: TrainingConfig, tokenizer, rank: int) -> ContrastiveCollator:
+    return ContrastiveCollator(
         tokenizer,
         config.model.max_seq_length,
         kind=config.data.kind,
@@ -311,9 +310,6 @@ def _collator(config: TrainingConfig, tokenizer, rank: int, group: int):
         mlm_probability=config.loss.mlm_probability if config.loss.mlm_weight > 0 else None,
         seed=config.train.seed + rank,
     )
-    if group > 1:
-        collate = LengthGroupedCollator(collate, config.train.batch_size, config.train.seed + rank)
-    return collate
 
 
 def worker_threads(config: TrainingConfig) -> int:
@@ -338,15 +334,14 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _collated(pools: Iterable[dict], collate, device: torch.device) -> Iterator[dict | None]:
-    """Training batches on the device (a pool gives one batch, or several when length-grouped),
-    then None for as long as the caller asks: this rank's shard has run out."""
-    for pool in pools:
-        collated = collate(pool)
-        for batch in collated if isinstance(collated, list) else [collated]:
-            yield {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+def _collated(slices: Iterable, collate, device: torch.device) -> Iterator[tuple]:
+    """(training batch on the device, data position after it) for each slice, then (None,
+    None) for as long as the caller asks: the epoch has ended."""
+    for table, position in slices:
+        batch = collate(numpy_batch(table))
+        yield {key: value.to(device, non_blocking=True) for key, value in batch.items()}, position
     while True:
-        yield None
+        yield None, None
 
 
 def _timed(batches: Iterable) -> Iterator[tuple[object, float]]:
@@ -394,15 +389,12 @@ def _dev_score(encoder: TrainableEncoder, tokenizer, config: TrainingConfig) -> 
     return stsb_score(encode, "dev", config.eval.senteval_dir, config.eval.max_pairs)
 
 
-def _report(
-    engine, state: LoopState, metrics: dict, config_dict: dict, rank: int, epoch_rows: list
-) -> None:
+def _report(engine, state: LoopState, metrics: dict, config_dict: dict, rank: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         if rank == 0 or engine.saves_on_every_rank:
             engine.save(directory)
-        # Every rank adds its own RNG and trained-rows files; Ray merges the ranks' files into
-        # one checkpoint.
+        # Every rank adds its own RNG file; Ray merges the ranks' files into one checkpoint.
+        # The data position is in the loop state: the same on every rank.
         save_loop_state(directory, state, config_dict, rank)
-        save_epoch_rows(directory, rank, epoch_rows)
         checkpoint = ray.train.Checkpoint.from_directory(directory)
         ray.train.report(metrics, checkpoint=checkpoint)

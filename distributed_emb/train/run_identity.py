@@ -92,8 +92,17 @@ def _ignored(key: str) -> bool:
 
 
 def identity(config_tree: dict) -> dict:
-    """The settings that define a run: the flattened config without IGNORED_KEYS."""
-    return {k: v for k, v in sorted(flatten(config_tree).items()) if not _ignored(k)}
+    """The settings that define a run: the flattened config without IGNORED_KEYS, with the
+    global batch in place of how it is split (`train.num_workers` × `train.batch_size`): the
+    batches trained are the same for any group size (data/global_batches.py), so a run resumed
+    or resized onto another number of workers is the same run."""
+    flat = flatten(config_tree)
+    workers = flat.pop("train.num_workers", None)
+    per_worker = flat.pop("train.batch_size", None)
+    if workers is not None and per_worker is not None:
+        most = workers[-1] if isinstance(workers, (list, tuple)) else workers
+        flat["train.global_batch"] = most * per_worker
+    return {k: v for k, v in sorted(flat.items()) if not _ignored(k)}
 
 
 def fingerprint(config_tree: dict) -> str:

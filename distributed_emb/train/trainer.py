@@ -19,10 +19,7 @@ from transformers import AutoTokenizer
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
-from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
-from distributed_emb.data.sharding import RowShardedDataConfig
-from distributed_emb.data.token_cache import token_shards
-from distributed_emb.data.tokenize import tokenize_stage
+from distributed_emb.data.stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.embedder import Embedder
@@ -52,25 +49,29 @@ class TrainingResult:
 
 def build_trainer(
     config: TrainingConfig,
-    dataset,
-    num_rows: int | None,
+    stream: TrainingStream,
     run_name: str | None = None,
     callbacks: list | None = None,
     worker_cpus: float | None = None,
-    pretokenised: bool = False,
 ):
     """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
-    callbacks such as TuneReportCallback). `worker_cpus`: each worker's CPU reservation from
-    the resource plan (resource_plan.py), when it lowered `train.cpus_per_worker`.
-    `pretokenised`: `dataset` holds token ids already (data/token_cache.py), no stage needed."""
+    callbacks such as TuneReportCallback). `stream`: what the run trains on (data/stream.py;
+    its source goes to the workers, whose rank 0 starts the feeder). `worker_cpus`: each
+    worker's CPU reservation from the resource plan (resource_plan.py), when it lowered
+    `train.cpus_per_worker`."""
     train = config.train
     storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
     resolve_progress_bar(config)  # the workers' stderr is a file: the driver's console decides
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"training": to_dict(config), "num_rows": num_rows},
+        train_loop_config={
+            "training": to_dict(config),
+            "num_rows": stream.rows,
+            "source": stream.source,
+        },
         scaling_config=ScalingConfig(
-            num_workers=train.num_workers,
+            # [min, max]: Ray Train's elastic worker group.
+            num_workers=tuple(train.num_workers) if train.elastic else train.num_workers,
             use_gpu=train.use_gpu,
             resources_per_worker=worker_resources(config, worker_cpus),
         ),
@@ -85,11 +86,6 @@ def build_trainer(
             failure_config=FailureConfig(max_failures=train.max_failures),
             callbacks=list(callbacks or []),
         ),
-        datasets={"train": dataset},
-        # A fixed shard per rank (by row id), so a resumed epoch skips exactly what it trained.
-        dataset_config=RowShardedDataConfig(
-            per_rank_stage=None if pretokenised else tokenize_stage(config)
-        ),
     )
 
 
@@ -98,15 +94,6 @@ def planned_worker_cpus(config: TrainingConfig) -> dict:
     `worker_cpus` argument of build_trainer when the plan lowered each worker's CPUs."""
     plan = check_training_plan(config)
     return {"worker_cpus": plan.worker_cpu} if plan is not None and plan.lowered else {}
-
-
-def count_rows(config: TrainingConfig, dataset) -> int | None:
-    """The corpus's row count when the schedule needs it; None for a stream whose run length
-    is `train.max_steps` (counting means one full read pass before the first step)."""
-    if config.train.max_steps is not None:
-        return None
-    log.info("counting the corpus (one read pass; set train.max_steps to start at once)")
-    return dataset.count()
 
 
 def worker_resources(config: TrainingConfig, cpus: float | None = None) -> dict[str, float]:
@@ -156,10 +143,11 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
 
 
 def run_training(
-    config: TrainingConfig, dataset=None, corpus_report=None, callbacks: list | None = None
+    config: TrainingConfig, stream: TrainingStream | None = None, callbacks: list | None = None
 ) -> TrainingResult:
     """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json.
-    `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
+    `stream`: what to train on (default: data/stream.py's choice for `config`). `callbacks`:
+    Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
     config.make_paths_absolute()
     output = Path(config.output.dir)
@@ -173,28 +161,17 @@ def run_training(
     # is this run (same settings) or the user said so (output.resume).
     run_name = prepare_run(config)
     output.mkdir(parents=True, exist_ok=True)
-    counter, shards = None, None
-    if dataset is None:
-        shards = token_shards(config)  # None: the cache is off for this run
-    if shards is not None:
-        dataset, corpus_report = shards.dataset(), shards.report
-        # The same schedule as without the cache: rows count only where count_rows counts.
-        num_rows = shards.rows if config.train.max_steps is None else None
-    else:
-        if dataset is None:
-            counter = start_drop_counter()
-            dataset = training_dataset(config.data, counter)
-        num_rows = count_rows(config, dataset)
+    if stream is None:
+        stream = training_stream(config)
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
     trainer = build_trainer(
-        config, dataset, num_rows, run_name, callbacks=callbacks,
-        pretokenised=shards is not None, **planned_worker_cpus(config),
-    )  # fmt: skip
+        config, stream, run_name, callbacks=callbacks, **planned_worker_cpus(config)
+    )
     result = _fit_watched(trainer, config)
     if result.error is not None:
         raise result.error
-    if counter is not None:
-        corpus_report = collect_report(counter)
+    corpus_report = stream.corpus_report()
+    if corpus_report is not None and stream.report is None:
         log.info(corpus_report.summary())
 
     best = _best_checkpoint(result, config.eval.start_is_candidate)
@@ -218,7 +195,7 @@ def run_training(
         "sentences_seen": last.get("sentences_seen"),
         "sentences_per_s": _mean([r.get("sentences_per_s") for r in trained]),
         "tokens_per_s": _mean([r.get("tokens_per_s") for r in trained]),
-        "global_batch": config.train.batch_size * config.train.num_workers,
+        "global_batch": config.train.global_batch,
         "truncated_rows": last.get("truncated"),
         "restarts": last.get("restarts", 0),
         "corpus": corpus_report.as_dict() if corpus_report is not None else None,

@@ -35,6 +35,7 @@ from ray.tune.search import BasicVariantGenerator
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+from distributed_emb.data.stream import BlockSource, TrainingStream
 from distributed_emb.data.token_cache import searched_key_settings, token_shards
 from distributed_emb.resource_plan import (
     ClusterShape,
@@ -96,7 +97,11 @@ def search_paths(config: TrainingConfig) -> SearchPaths:
 def trial_resources(config: TrainingConfig) -> dict[str, float]:
     """What one trial's Train workers hold: {"CPU": n, "GPU": n}."""
     t = config.train
-    return {"CPU": t.num_workers * t.cpus_per_worker, "GPU": t.num_workers if t.use_gpu else 0}
+    # An elastic trial may grow to its largest group: plan for that.
+    return {
+        "CPU": t.max_workers * t.cpus_per_worker,
+        "GPU": t.max_workers if t.use_gpu else 0,
+    }
 
 
 def _candidate_configs(base: TrainingConfig, space: dict[str, Distribution]):
@@ -159,7 +164,7 @@ def search_plan(
     configs = [config for _, _, config in _candidate_configs(base, space)]
     return compute_plan(
         cluster,
-        concurrent * max(c.train.num_workers for c in configs),
+        concurrent * max(c.train.max_workers for c in configs),
         max(c.train.cpus_per_worker for c in configs),
         any(c.train.use_gpu for c in configs),
         base.train.data_cpus,
@@ -178,7 +183,7 @@ def check_batches_fit(base: TrainingConfig, space: dict[str, Distribution], num_
     the key, instead of as an errored trial."""
     for key, value, config in _candidate_configs(base, space):
         try:
-            plan_steps(config, num_rows, config.train.num_workers)
+            plan_steps(config, num_rows)
         except ValueError as error:
             where = f"search.{key}={value}" if key else "train.batch_size"
             raise ConfigError(f"{where}: {error}") from None
@@ -193,11 +198,9 @@ def run_trial(
     params: dict[str, Any],
     *,
     base: dict,
-    dataset,
-    num_rows: int,
+    stream: TrainingStream,
     name: str,
     worker_cpus: float | None = None,
-    pretokenised: bool = False,
 ) -> None:
     """One Tune trial: the base config with this trial's values, trained by the job's own
     TorchTrainer; every evaluation reaches Tune through TuneReportCallback."""
@@ -214,12 +217,10 @@ def run_trial(
     config.output.dir = str(Path(config.output.dir) / TRIALS_DIR / run_name)
     trainer = build_trainer(
         config,
-        dataset,
-        num_rows,
+        stream,
         run_name,
         callbacks=[TuneReportCallback()],
         worker_cpus=trial_worker_cpus(config, worker_cpus),
-        pretokenised=pretokenised,
     )
     trainer.fit()  # raises when the run fails: Tune marks the trial errored (or retries it)
 
@@ -258,25 +259,18 @@ def build_searcher(config: SearchJobConfig, max_concurrent: int):
 
 
 def make_trainable(
-    base: TrainingConfig,
-    dataset,
-    num_rows: int,
-    paths: SearchPaths,
-    worker_cpus=None,
-    pretokenised: bool = False,
+    base: TrainingConfig, stream: TrainingStream, paths: SearchPaths, worker_cpus=None
 ):
-    """run_trial with the base config, the shared dataset and the plan's worker reservation
+    """run_trial with the base config, the shared stream and the plan's worker reservation
     bound, its driver on DRIVER_RESOURCES."""
     trial_base = to_dict(base)
     trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
     trainable = ray_tune.with_parameters(
         run_trial,
         base=trial_base,
-        dataset=dataset,
-        num_rows=num_rows,
+        stream=stream,
         name=paths.name,
         worker_cpus=worker_cpus,
-        pretokenised=pretokenised,
     )
     return ray_tune.with_resources(trainable, DRIVER_RESOURCES)
 
@@ -386,14 +380,18 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         dataset = training_dataset(config.data, counter).materialize()
         report = collect_report(counter)  # complete: every block has been read
     num_rows = dataset.count()
+    if base.data.max_rows is not None:
+        num_rows = min(num_rows, base.data.max_rows)
+    # Each trial's feeder reads these blocks in its epochs' order (data/stream.py).
+    stream = TrainingStream(
+        BlockSource.of(dataset), num_rows, pretokenised=shards is not None, report=report
+    )
     corpus_load_s = time.time() - started
     log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
     check_batches_fit(base, space, num_rows)
     log.info("searching %s", ", ".join(f"{k} {d.describe()}" for k, d in space.items()))
 
-    trainable = make_trainable(
-        base, dataset, num_rows, paths, worker_cpus, pretokenised=shards is not None
-    )
+    trainable = make_trainable(base, stream, paths, worker_cpus)
     if resume:
         tuner = ray_tune.Tuner.restore(
             paths.experiment, trainable=trainable, resume_unfinished=True, resume_errored=False

@@ -1,11 +1,14 @@
-"""Length-grouped batches: the same rows, batches of similar length, less padding."""
+"""Length grouping (data/global_batches.py): the same rows, batches of similar length, less
+padding, in a seeded order."""
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
+from distributed_emb.data.collate import ContrastiveCollator
+from distributed_emb.data.epoch_order import EpochOrder
+from distributed_emb.data.global_batches import length_groups
 from distributed_emb.paths import shipped_corpus
 
 
@@ -20,54 +23,31 @@ def sentences() -> np.ndarray:
     return np.array(lines, dtype=object)
 
 
-def decoded_rows(tokenizer, batch, rows=None) -> list[str]:
-    ids = batch["input_ids"] if rows is None else batch["input_ids"][rows]
-    return tokenizer.batch_decode(ids, skip_special_tokens=True)
-
-
 def test_pool_cut_into_full_batches_of_similar_length(tokenizer, sentences):
     collate = ContrastiveCollator(tokenizer, max_seq_length=64)
-    batches = LengthGroupedCollator(collate, batch_size=8, seed=1)({"text": sentences})
-
-    assert len(batches) == 70 // 8  # the 6-row remainder is dropped
-    assert all(b["input_ids"].shape[0] == 16 for b in batches)  # two views of 8 rows
-    # Every batch is what the plain collator makes of its rows: two identical views.
-    assert all(torch.equal(b["input_ids"][:8], b["input_ids"][8:]) for b in batches)
-    lengths = collate.token_lengths({"text": sentences})
-    kept = sorted(lengths)[:64]  # sorted pool, remainder cut from the long end
-    got = sorted(int(n) for b in batches for n in b["attention_mask"][:8].sum(1))
-    assert got == kept
+    characters = np.array([len(s) for s in sentences])
+    groups = length_groups(characters, 8, np.random.default_rng(1).permutation(70 // 8))
+    assert groups.shape == (8, 8)  # the 6-row remainder is dropped: the longest rows
+    assert sorted(groups.reshape(-1)) == sorted(np.argsort(characters, kind="stable")[:64])
+    batches = [collate({"text": sentences[rows]}) for rows in groups]
     # Each batch spans a narrow band of lengths, so padding falls well below random batches'.
-    random_padded = sum(int(lengths[i : i + 8].max()) * 8 for i in range(0, 64, 8))
+    random_batches = [collate({"text": sentences[i : i + 8]}) for i in range(0, 64, 8)]
+    random_padded = sum(b["attention_mask"][:8].numel() for b in random_batches)
     grouped_padded = sum(b["attention_mask"][:8].numel() for b in batches)
     assert grouped_padded < 0.8 * random_padded
-    assert sum(int(b["num_real_tokens"]) for b in batches) == 2 * sum(kept)
+    # Every batch is what the plain collator makes of its rows: two identical views.
+    assert all(torch.equal(b["input_ids"][:8], b["input_ids"][8:]) for b in batches)
 
 
-def test_batch_order_is_shuffled_and_seeded(tokenizer, sentences):
-    collate = ContrastiveCollator(tokenizer, max_seq_length=64)
-
-    def widths(seed):
-        batches = LengthGroupedCollator(collate, 8, seed=seed)({"text": sentences})
-        return [b["input_ids"].shape[1] for b in batches]
-
-    assert widths(3) == widths(3)
-    assert widths(3) != sorted(widths(3)) or widths(4) != sorted(widths(4))
+def test_the_batch_order_is_drawn_from_the_seed_and_the_pool():
+    order = EpochOrder(seed=3, epoch=1)
+    assert list(order.pool_batches(120, 8)) == list(EpochOrder(3, 1).pool_batches(120, 8))
+    assert sorted(order.pool_batches(120, 8)) == list(range(8))
+    draws = {tuple(order.pool_batches(start, 8)) for start in (0, 120, 240, 360)}
+    assert len(draws) > 1  # pools are visited in their own orders
+    assert list(EpochOrder(None, 1).pool_batches(120, 8)) == list(range(8))  # unshuffled
 
 
-def test_pairs_stay_together(tokenizer):
-    collate = ContrastiveCollator(tokenizer, 32, kind="pairs", group_column="doc")
-    anchors = np.array([("word " * n).strip() for n in (9, 1, 5, 3)], dtype=object)
-    positives = np.array([f"positive {n}" for n in (9, 1, 5, 3)], dtype=object)
-    docs = np.array(["a", "b", "c", "d"], dtype=object)
-    batches = LengthGroupedCollator(collate, 2, seed=0)(
-        {"anchor": anchors, "positive": positives, "doc": docs}
-    )
-    pairs = set()
-    for batch in batches:
-        rows = decoded_rows(tokenizer, batch)
-        pairs |= {(rows[i], rows[i + 2]) for i in range(2)}
-    assert pairs == {(a, p) for a, p in zip(anchors, positives)}
-    # The two shortest anchors (1 and 3 words) share a batch.
-    anchor_sets = [set(decoded_rows(tokenizer, b)[:2]) for b in batches]
-    assert {"word", "word word word"} in anchor_sets
+def test_ties_keep_stream_order():
+    groups = length_groups(np.array([5, 1, 5, 1, 5, 1]), 3, np.arange(2))
+    assert groups.tolist() == [[1, 3, 5], [0, 2, 4]]

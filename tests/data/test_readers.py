@@ -187,19 +187,3 @@ def test_vectorised_parquet_rules_equal_the_per_row_rules():
         assert got == (expected or dict.fromkeys(rules.fields)), (index, record)
     numbers = TextRows(["text"]).normalise_arrow(pa.table({"text": [1, None]}))[1]
     assert list(numbers) == ["not_text:text", "empty"]
-
-
-def test_epoch_batches_are_exact_and_a_last_short_pool_is_kept_when_asked():
-    from distributed_emb.data.epoch_stream import epoch_batches
-
-    class Shard:  # a Train worker's shard iterator: Arrow batches of whatever size
-        def iter_batches(self, **_):
-            for start in (0, 7, 14):
-                yield pa.table({"_row_id": list(range(start, min(start + 7, 19)))})
-
-    exact = [list(b["_row_id"]) for b in epoch_batches(Shard(), 4, None, seed=0)]
-    assert exact == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
-    pooled = [len(b["_row_id"]) for b in epoch_batches(Shard(), 8, None, 0, last_at_least=2)]
-    assert pooled == [8, 8, 3]  # the last pool of 3 ≥ 2 rows is given, not dropped
-    skipped = [list(b["_row_id"]) for b in epoch_batches(Shard(), 4, None, 0, skip=[0, 5, 6])]
-    assert skipped[0] == [1, 2, 3, 4] and all(5 not in b and 6 not in b for b in skipped)

@@ -16,9 +16,8 @@ from transformers import AutoTokenizer
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.data import token_cache
 from distributed_emb.data.collate import ContrastiveCollator
-from distributed_emb.data.epoch_stream import epoch_batches, numpy_batch
+from distributed_emb.data.epoch_stream import numpy_batch
 from distributed_emb.data.readers import ROW_ID, DropReport
-from distributed_emb.data.sharding import RowShardedDataConfig
 from distributed_emb.data.token_cache import (
     COMMIT_FILE,
     TokenCacheError,
@@ -152,7 +151,7 @@ def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert
     collate = ContrastiveCollator(tokenizer, MAX_LEN)
     for start in range(0, 300, 64):
         chunk = rows[start : start + 64]
-        cached = collate(numpy_batch(pa.Table.from_pylist(chunk)))  # as epoch_batches hands it
+        cached = collate(numpy_batch(pa.Table.from_pylist(chunk)))  # as a rank hands its slice
         worker = collate({"text": np.array([text[r[ROW_ID]] for r in chunk], dtype=object)})
         for key in ("input_ids", "attention_mask", "num_truncated"):
             assert torch.equal(cached[key], worker[key]), key
@@ -214,27 +213,28 @@ def test_a_writer_that_dies_before_its_commit_is_never_reused(
 
 
 @pytest.mark.ray
-def test_a_restarted_worker_reads_the_rest_of_its_epoch_from_the_shards(
+def test_a_restarted_group_reads_the_rest_of_its_epoch_from_the_shards(
     ray_local, tmp_path, tiny_bert_path
 ):
+    from harness.feeder import served_batches
+
+    from distributed_emb.data.epoch_order import DataPosition
+    from distributed_emb.data.global_batches import BatchPlan
+    from distributed_emb.data.stream import stored_source
+
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
     shards = token_shards(_config(corpus, tiny_bert_path, cache))
-    all_ids = np.array(
-        sorted(r[ROW_ID] for r in shards.dataset().select_columns([ROW_ID]).take_all())
-    )
-    trained = all_ids[::3]  # what the ranks trained on before the checkpoint
-    batch = 16
-    seen = []
-    ranks = RowShardedDataConfig().configure({"train": shards.dataset()}, 2, None, None)
-    for rank, shard in enumerate(r["train"] for r in ranks):
-        for rows in epoch_batches(shard, batch, 50, seed=rank, skip=trained):
-            assert len(rows[ROW_ID]) == batch and "text__ids" in rows
-            seen.append(rows[ROW_ID])
-    seen = np.concatenate(seen)
-    assert len(seen) == len(set(seen))  # no row twice
-    assert not set(seen) & set(trained)  # none trained before
-    rest = set(all_ids) - set(trained)
-    assert set(seen) <= rest and len(rest) - len(seen) < 2 * batch  # only last partial batches
+    source = stored_source(shards.directory, block_rows=64)
+    plan = BatchPlan(global_batch=16, seed=3)
+    epoch = served_batches(source, plan, 1, DataPosition())
+    ids = [r for batch, _ in epoch for r in batch.column(ROW_ID).to_pylist()]
+    assert len(ids) == len(set(ids)) and 300 - len(ids) < 16  # all but a last partial batch
+    assert "text__ids" in epoch[0][0].column_names  # token ids reach the ranks, no text
+    # Restarted on two ranks after 5 global batches: exactly the rest of the epoch.
+    rest = served_batches(source, plan, 2, epoch[4][1])
+    assert [b.column(ROW_ID).to_pylist() for b, _ in rest] == [
+        b.column(ROW_ID).to_pylist() for b, _ in epoch[5:]
+    ]
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
+from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_stream import NO_TOKEN, numpy_batch
 from distributed_emb.data.tokenize import TextEncoder, tokenize_columns
 
@@ -14,7 +14,7 @@ TEXTS = ["A short one.", "A much longer sentence that the max length will surely
 
 
 def _as_batch(table: pa.Table) -> dict:
-    return numpy_batch(table)  # what epoch_batches hands the collator
+    return numpy_batch(table)  # what a rank hands the collator
 
 
 @pytest.mark.parametrize("mlm", [None, 0.15])
@@ -31,24 +31,26 @@ def test_pretokenised_sentences_collate_to_the_same_tensors(tiny_bert_path, mlm)
     assert int(stage["num_truncated"]) == 1
 
 
-def test_pretokenised_pairs_and_length_grouping(tiny_bert_path):
+def test_pretokenised_pairs_collate_the_same_and_group_by_token_count(tiny_bert_path):
+    from distributed_emb.data.global_batches import length_of_rows
+
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
     table = pa.table({"anchor": TEXTS * 2, "positive": TEXTS[::-1] * 2, "doc": ["a", "b", "c"] * 2})
     staged = tokenize_columns(table, tiny_bert_path, 12, ["anchor", "positive"])
 
-    def collator():
-        inner = ContrastiveCollator(tokenizer, 12, kind="pairs", group_column="doc")
-        return LengthGroupedCollator(inner, batch_size=2, seed=0)
+    def collate(batch):
+        return ContrastiveCollator(tokenizer, 12, kind="pairs", group_column="doc")(batch)
 
-    worker, stage = collator()(_as_batch(table)), collator()(_as_batch(staged))
-    assert len(worker) == len(stage) == 3
-    for a, b in zip(worker, stage):
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
-    assert np.array_equal(
-        collator().collator.token_lengths(_as_batch(table)),
-        collator().collator.token_lengths(_as_batch(staged)),
-    )
+    worker, stage = collate(_as_batch(table)), collate(_as_batch(staged))
+    for key in worker:
+        assert torch.equal(worker[key], stage[key]), key
+    # Length grouping of tokenised rows counts tokens: the longer side of each pair.
+    tokens = [
+        max(len(tokenizer(a, truncation=True, max_length=12)["input_ids"]),
+            len(tokenizer(p, truncation=True, max_length=12)["input_ids"]))
+        for a, p in zip(TEXTS * 2, TEXTS[::-1] * 2)
+    ]  # fmt: skip
+    assert list(length_of_rows(staged, ("anchor", "positive"))) == tokens
 
 
 def test_the_fast_path_equals_the_tokenizer_call(tiny_bert_path):

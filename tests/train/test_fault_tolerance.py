@@ -55,6 +55,8 @@ def _kill_a_worker_after_step(row_logs: Path, step: int, timeline: list, stop):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_bert_path):
+    from harness.feeder import reference_batches
+    from harness.row_log import kept_steps, resumed_from, row_log_records
     from harness.tiny_run import tiny_config, tiny_corpus
 
     from distributed_emb.train.trainer import run_training
@@ -96,16 +98,15 @@ def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_be
     assert Path(metrics["model_dir"]).is_dir()
 
     # Exact resume: what each rank trained, read back from its row log.
-    records = [
-        json.loads(line)
-        for path in sorted((tmp_path / "run" / "trained_rows").glob("rank*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
-    resumed_from = min(r["step"] for r in records if r["attempt"] == 1) - 1
-    assert resumed_from >= 2 and resumed_from % 2 == 0  # a checkpoint step
-    kept = [r for r in records if r["attempt"] == 1 or r["step"] <= resumed_from]
-    rolled_back = [r for r in records if r["attempt"] == 0 and r["step"] > resumed_from]
-    rows = [row for r in kept for row in r["rows"]]
+    records = row_log_records(tmp_path / "run")
+    (resumed,) = resumed_from(records).values()
+    assert resumed >= 2 and resumed % 2 == 0  # a checkpoint step
+    steps = kept_steps(records)
+    assert list(steps) == list(range(1, 13))
+    rows = [row for step_rows in steps.values() for row in step_rows]
     assert len(rows) == len(set(rows)) == 12 * 16  # no row twice, none skipped
-    assert {r["epoch"] for r in kept} == {0}
-    print(f"resumed from step {resumed_from}; {len(rolled_back)} batches rolled back")
+    assert {r["epoch"] for r in records} == {0}
+    # And exactly the global batches the epoch's order has, step by step.
+    expected = reference_batches(config)
+    assert all(sorted(steps[k]) == sorted(expected[k - 1]) for k in steps)
+    print(f"resumed from step {resumed}")

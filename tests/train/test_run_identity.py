@@ -31,9 +31,11 @@ class TrainingStarted(Exception):
     """Raised by the stand-in TorchTrainer: the run got past every check."""
 
 
-class _Rows:
-    def count(self) -> int:
-        return 64
+def _stream():
+    """A stand-in stream: run_training stops before anything reads it."""
+    from distributed_emb.data.stream import TrainingStream
+
+    return TrainingStream(source=None, rows=64, pretokenised=False)
 
 
 @pytest.fixture
@@ -41,7 +43,7 @@ def no_training(monkeypatch):
     """run_training up to the TorchTrainer, which is replaced: records the run name it got."""
     started: list[str] = []
 
-    def fake_build_trainer(config, dataset, num_rows, run_name=None, **options):
+    def fake_build_trainer(config, stream, run_name=None, **options):
         started.append(run_name)
         raise TrainingStarted(run_name)
 
@@ -65,7 +67,7 @@ def _earlier_run(config: TrainingConfig, run_dir, checkpoints=("2026-01-01_10-00
 
 
 def _run(config):
-    return trainer.run_training(config, dataset=_Rows())
+    return trainer.run_training(config, stream=_stream())
 
 
 def test_other_settings_under_the_same_run_name_are_refused_before_training(tmp_path, no_training):
@@ -132,7 +134,7 @@ def test_checkpoints_without_an_identity_file_are_compared_through_their_config(
     _earlier_run(_config(tmp_path, "train.batch_size=16"), run_dir)
     for identity_file in run_dir.glob(f"*/{IDENTITY_FILE}"):
         identity_file.unlink()  # a checkpoint written before run identities existed
-    with pytest.raises(RunIdentityError, match="train.batch_size 16 → 32"):
+    with pytest.raises(RunIdentityError, match="train.global_batch 32 → 64"):
         prepare_run(_config(tmp_path, "train.batch_size=32"))
 
 
@@ -159,6 +161,9 @@ def test_fingerprint_covers_the_math_not_the_plumbing(tmp_path):
         run_name="r2",
     )
     assert fingerprint(to_dict(plumbing)) == base
+    # The same global batch split another way is the same run (a resized elastic group).
+    for split in (["train.num_workers=1", "train.batch_size=64"], ["train.num_workers=[1,2]"]):
+        assert fingerprint(to_dict(_config(tmp_path, *split))) == base, split
     for math_key in ("train.learning_rate=1e-4", "data.max_rows=10", "model.pooler=cls"):
         assert fingerprint(to_dict(_config(tmp_path, math_key))) != base, math_key
 

@@ -1,0 +1,310 @@
+"""One stream of global batches for the whole worker group; each rank takes its slice.
+
+A run has one `GlobalBatchFeeder` actor (started by rank 0, on rank 0's node, and gone with
+it). It reads the epoch's rows once, in the order of data/epoch_order.py, from wherever the
+source says (data/stream.py: Ray Data tasks on the cluster's CPUs, or blocks in the object
+store), and cuts them into global batches of exactly `global_batch` rows. Global batch k is the
+same rows for any number of workers W: rank r takes rows [r·G/W, (r+1)·G/W) of it, put in the
+object store for that rank alone, so each row is read, cleaned and tokenised once per epoch
+and crosses the network once more, to the rank that trains it.
+
+Every batch comes with the `DataPosition` after it; a checkpoint keeps that position (five
+integers), and a resumed or resized group asks the feeder for the stream from there.
+
+Length grouping (`data.length_group_batches` = k > 1) happens here too, on global batches:
+each pool of k·G rows is sorted by length (token ids when tokenised in Ray Data, else
+characters), cut into k global batches of similar length and those are visited in an order
+drawn from the seed, so grouping does not depend on W either. A position inside a pool is the
+pool's start and how many of its batches were trained.
+
+Why not Ray Data's `streaming_split`: it deals blocks to whichever rank asks first, so the
+order depends on timing and W, and a resume would have to remember every row trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from distributed_emb.data.epoch_order import BLOCK, DataPosition, EpochOrder
+from distributed_emb.data.tokenize import IDS_SUFFIX
+
+log = logging.getLogger(__name__)
+
+AHEAD = 4  # global batches the feeder prepares beyond the slowest rank
+IN_FLIGHT = 2  # requests a rank keeps open (its prefetch)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the stream is cut, the same for every W."""
+
+    global_batch: int
+    seed: int | None
+    length_group: int = 1  # global batches per length-sorted pool (1: no grouping)
+    length_columns: tuple[str, ...] = ("text",)
+    max_rows: int | None = None  # clean rows per epoch (data.max_rows)
+
+
+def batch_plan(config) -> BatchPlan:
+    """The cut of a training config's stream."""
+    from distributed_emb.data.corpus import corpus_columns
+
+    return BatchPlan(
+        global_batch=config.train.global_batch,
+        seed=config.data.shuffle_seed,
+        length_group=max(1, config.data.length_group_batches),
+        length_columns=tuple(corpus_columns(config.data)),
+        max_rows=config.data.max_rows,
+    )
+
+
+def data_resources(train, world_size: int):
+    """What Ray Data must leave to the Train workers (as Ray Train's own DataConfig does):
+    their CPUs and GPUs are excluded from its resource budget."""
+    from ray.data import ExecutionResources  # startup
+
+    return ExecutionResources(
+        cpu=world_size * train.cpus_per_worker, gpu=world_size if train.use_gpu else 0
+    )
+
+
+def split_rows(global_batch: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank r's rows [start, stop) of a global batch (W divides G: config validation)."""
+    share = global_batch // world_size
+    return rank * share, (rank + 1) * share
+
+
+def length_of_rows(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
+    """(n,) a row's length for grouping: token ids where tokenised, else characters; pairs: the
+    longer side."""
+    lengths = []
+    for column in columns:
+        if column + IDS_SUFFIX in table.column_names:
+            values = pc.list_value_length(table.column(column + IDS_SUFFIX))
+        else:
+            values = pc.utf8_length(table.column(column))
+        lengths.append(values.to_numpy(zero_copy_only=False))
+    return np.max(lengths, axis=0)
+
+
+def length_groups(lengths: np.ndarray, batch_rows: int, visit: np.ndarray) -> np.ndarray:
+    """(k, batch_rows) row indices: the rows sorted by length (stable), cut into k = n //
+    batch_rows batches (the longest remainder left out), visited in the order `visit` (a
+    permutation of k). Similar lengths in a batch: far less padding (docs/BENCHMARKS.md)."""
+    count = len(lengths) // batch_rows
+    by_length = np.argsort(lengths, kind="stable")[: count * batch_rows]
+    return by_length.reshape(count, batch_rows)[visit]
+
+
+def global_batches(
+    tables: Iterator[pa.Table], plan: BatchPlan, start: DataPosition
+) -> Iterator[tuple[pa.Table, DataPosition]]:
+    """(global batch, position after it) in order, from `start`: the single-process reference
+    of what the feeder serves (the feeder runs exactly this)."""
+    from distributed_emb.data.stream import places_in_blocks
+
+    order = EpochOrder(plan.seed, start.epoch)
+    pool_rows = plan.global_batch * plan.length_group
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    last_key, last_count = None, 0  # the block the rows so far ended in, and its rows so far
+    taken = start.rows  # clean rows of the epoch before the pending ones
+    skip_batches = start.pool_batches
+    for table in tables:
+        keys = table.column(BLOCK).to_numpy()
+        places = places_in_blocks(keys, last_key, last_count)
+        if len(keys):
+            last_key = int(keys[-1])
+            last_count = int(places[-1]) + 1
+        # Rows before the start position (a resumed epoch reads its first block whole).
+        keep = (keys > start.block) | ((keys == start.block) & (places >= start.offset))
+        if not keep.all():
+            table, keys, places = table.filter(pa.array(keep)), keys[keep], places[keep]
+        if plan.max_rows is not None:
+            room = plan.max_rows - taken - pending_rows
+            if room <= 0:
+                break
+            table, keys, places = table.slice(0, room), keys[:room], places[:room]
+        table = table.append_column("_place", pa.array(places))
+        pending.append(table)
+        pending_rows += table.num_rows
+        while pending_rows >= pool_rows:
+            merged = pa.concat_tables(pending)
+            pool, rest = merged.slice(0, pool_rows), merged.slice(pool_rows)
+            yield from _pool_batches(pool, plan, order, start.epoch, taken, skip_batches)
+            skip_batches = 0
+            taken += pool_rows
+            pending, pending_rows = [rest], rest.num_rows
+    if plan.length_group > 1 and pending_rows >= plan.global_batch:
+        # The epoch's last, shorter pool still gives its whole global batches.
+        merged = pa.concat_tables(pending)
+        yield from _pool_batches(merged, plan, order, start.epoch, taken, skip_batches)
+
+
+def _pool_batches(pool: pa.Table, plan: BatchPlan, order: EpochOrder, epoch: int, taken: int,
+                  skip_batches: int):  # fmt: skip
+    """A pool's global batches (one without grouping), each with the position after it:
+    inside the pool, its start and the batches done; after its last batch, just past the
+    pool's last row in stream order (whether or not that block has more rows)."""
+    keys, places = pool.column(BLOCK), pool.column("_place")
+    first = (int(keys[0].as_py()), int(places[0].as_py()))
+    last = (int(keys[-1].as_py()), int(places[-1].as_py()))
+    count = pool.num_rows // plan.global_batch
+    if plan.length_group > 1:
+        lengths = length_of_rows(pool, plan.length_columns)
+        groups = length_groups(lengths, plan.global_batch, order.pool_batches(taken, count))
+        pool = pool.take(pa.array(groups.reshape(-1)))
+    pool = pool.drop_columns([BLOCK, "_place"])
+    end = DataPosition(epoch, last[0], last[1] + 1, taken + pool.num_rows)
+    for index in range(skip_batches, count):
+        batch = pool.slice(index * plan.global_batch, plan.global_batch)
+        if index == count - 1:
+            yield batch, end
+        else:
+            yield batch, DataPosition(epoch, first[0], first[1], taken, index + 1)
+
+
+class GlobalBatchFeeder:
+    """The actor (see the module docstring). Ranks call `take`; one producer thread per
+    stream start fills a bounded buffer of global batches already split into rank slices."""
+
+    def __init__(self, source, plan: BatchPlan, world_size: int, exclude_resources=None):
+        self.source = source
+        self.plan = plan
+        self.world = world_size
+        self.exclude = exclude_resources
+        self.lock = threading.Condition()
+        self.streams: dict[tuple, _Stream] = {}
+        self.batches_made = 0
+
+    def take(self, start: dict, index: int, rank: int):
+        """(ObjectRef of rank's slice of global batch `index` of the stream from `start`, the
+        position after it as a dict), or (None, None) past the end of the epoch."""
+        key = tuple(sorted(start.items()))
+        with self.lock:
+            stream = self.streams.get(key)
+            if stream is None:
+                stream = self._start(key, DataPosition.from_dict(start))
+            while True:
+                if stream.error is not None:
+                    raise stream.error
+                if index in stream.ready:
+                    refs, position = stream.ready[index]
+                    ref, refs[rank] = refs[rank], None
+                    if all(r is None for r in refs):
+                        del stream.ready[index]
+                        stream.served = max(stream.served, index + 1)
+                        self.lock.notify_all()
+                    return ref, position.as_dict()
+                if stream.done and index >= stream.count:
+                    return None, None
+                self.lock.wait()
+
+    def rows_delivered(self) -> int:
+        """Rows this feeder cut into global batches, every stream together."""
+        with self.lock:
+            return self.batches_made * self.plan.global_batch
+
+    def _start(self, key: tuple, start: DataPosition) -> _Stream:
+        # Ranks move in lock step: at most the previous stream still gets late requests.
+        for old in list(self.streams)[:-1]:
+            self.streams.pop(old).stop = True
+        stream = self.streams[key] = _Stream()
+        thread = threading.Thread(target=self._produce, args=(stream, start), daemon=True)
+        thread.start()
+        return stream
+
+    def _produce(self, stream: _Stream, start: DataPosition) -> None:
+        import ray  # startup
+
+        try:
+            order = EpochOrder(self.plan.seed, start.epoch)
+            tables = self.source.epoch_tables(order, start, self.exclude)
+            for batch, position in global_batches(tables, self.plan, start):
+                refs = [ray.put(batch.slice(*_span(self.plan, self.world, r))) for r in range(self.world)]
+                with self.lock:
+                    while len(stream.ready) >= AHEAD and not stream.stop:
+                        self.lock.wait()
+                    if stream.stop:
+                        return
+                    stream.ready[stream.count] = (refs, position)
+                    stream.count += 1
+                    self.batches_made += 1
+                    self.lock.notify_all()
+        except BaseException as error:  # handed to the ranks, which fail the run with it
+            log.exception("the data stream failed")
+            with self.lock:
+                stream.error = error
+        with self.lock:
+            stream.done = True
+            self.lock.notify_all()
+
+
+def _span(plan: BatchPlan, world: int, rank: int) -> tuple[int, int]:
+    start, stop = split_rows(plan.global_batch, world, rank)
+    return start, stop - start
+
+
+class _Stream:
+    def __init__(self):
+        self.ready: dict[int, tuple[list, DataPosition]] = {}
+        self.count = 0  # global batches produced
+        self.served = 0
+        self.done = False
+        self.stop = False
+        self.error: BaseException | None = None
+
+
+class RankStream:
+    """A rank's view of the run's feeder: its slices of every global batch, in order."""
+
+    def __init__(self, feeder, rank: int):
+        self.feeder = feeder
+        self.rank = rank
+
+    @classmethod
+    def connect(cls, source, plan: BatchPlan, rank: int, world_size: int, exclude=None):
+        """Collective: rank 0 starts the feeder on its node, the others find it by name."""
+        import ray  # startup
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from distributed_emb import distributed
+
+        name, feeder = None, None
+        if rank == 0:
+            name = f"feeder-{uuid.uuid4().hex[:12]}"
+            here = ray.get_runtime_context().get_node_id()
+            feeder = ray.remote(GlobalBatchFeeder).options(
+                name=name,
+                num_cpus=0,
+                max_concurrency=IN_FLIGHT * world_size + 4,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            ).remote(source, plan, world_size, exclude)
+            ray.get(feeder.__ray_ready__.remote())  # registered under its name before lookups
+        name = distributed.broadcast_object(name)
+        # Rank 0 keeps the creating handle: the actor lives as long as it does.
+        return cls(feeder if rank == 0 else ray.get_actor(name), rank)
+
+    def epoch(self, start: DataPosition) -> Iterator[tuple[pa.Table, DataPosition]]:
+        """This rank's slices from `start` to the end of the epoch, each with the position
+        after its global batch."""
+        import ray  # startup
+
+        start_dict = start.as_dict()
+        asked = [self.feeder.take.remote(start_dict, k, self.rank) for k in range(IN_FLIGHT)]
+        index = IN_FLIGHT
+        while True:
+            ref, position = ray.get(asked.pop(0))
+            if ref is None:
+                return
+            asked.append(self.feeder.take.remote(start_dict, index, self.rank))
+            index += 1
+            yield ray.get(ref), DataPosition.from_dict(position)

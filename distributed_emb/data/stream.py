@@ -1,0 +1,251 @@
+"""The one entry point from training into data/: `training_stream(config)`.
+
+It decides where a run's rows come from (the text corpus, cleaned and optionally tokenised on
+the cluster, or the committed token cache, data/token_cache.py), counts them when the schedule
+needs it, and returns a `TrainingStream`: a picklable *source* that reads any epoch from any
+position (data/epoch_order.py), which the run's one feeder actor turns into global batches
+(data/global_batches.py).
+
+Sources:
+- `FileSource`: files read by Ray Data tasks, one task per file, in the epoch's order
+  (`preserve_order`), then cleaned with exact drop counts (data/corpus.py), optionally
+  de-duplicated and tokenised. A resumed epoch opens no file before its position.
+- `BlockSource`: blocks already in the object store (a Tune search reads the corpus once for
+  all its trials); each block is one unit of the order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from distributed_emb.data.corpus import (
+    STREAM_BLOCK_BYTES,
+    KeepCleanRows,
+    KeepFirstCopies,
+    _with_text_key,
+    collect_report,
+    corpus_path,
+    start_drop_counter,
+    text_rules,
+)
+from distributed_emb.data.epoch_order import (
+    BLOCK,
+    SEQUENCE,
+    DataPosition,
+    EpochOrder,
+    ordered_block,
+    split_block_key,
+)
+from distributed_emb.data.readers import (
+    DROP,
+    WHERE,
+    RowRules,
+    StoredRows,
+    corpus_datasource,
+    read_file_blocks,
+)
+from distributed_emb.data.sources import CorpusFiles, resolve_sources
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class FileSource:
+    """Files → clean (→ tokenised) rows in an epoch's order, on Ray Data tasks."""
+
+    files: CorpusFiles
+    rules: RowRules
+    block_rows: int
+    counter: object | None = None  # the DropCounter actor; None: rows come pre-cleaned
+    stages: list[dict] = field(default_factory=list)  # map_batches arguments after cleaning
+    deduplicate: bool = False
+    dedup_partitions: int = 16
+
+    def dataset(self, order: EpochOrder, start: DataPosition, exclude_resources=None):
+        """The epoch's rows from `start`'s block on, as a lazy Ray Dataset in order."""
+        import ray  # startup
+
+        # De-duplication keeps a row's first copy in the whole corpus: it must see every
+        # file, so a resumed epoch reads from the start and the feeder skips by position.
+        first_block = 0 if self.deduplicate else start.block
+        source = corpus_datasource(
+            self.files, self.rules, self.block_rows, order, first_block, self.deduplicate
+        )
+        dataset = ray.data.read_datasource(source)
+        context = dataset.context
+        context.target_max_block_size = STREAM_BLOCK_BYTES
+        context.execution_options.preserve_order = True  # the order is the point
+        if exclude_resources is not None:
+            context.execution_options.exclude_resources = exclude_resources
+        if self.counter is not None:
+            dataset = dataset.map_batches(
+                KeepCleanRows(self.counter), batch_size=None, batch_format="pyarrow"
+            )
+        if self.deduplicate:
+            dataset = dataset.map_batches(
+                _with_text_key,
+                fn_kwargs={"columns": self.rules.fields},
+                batch_size=None,
+                batch_format="pyarrow",
+            )
+            dataset = dataset.repartition(max(1, self.dedup_partitions), keys=["_text_key"])
+            dataset = dataset.map_batches(
+                KeepFirstCopies(self.counter), batch_size=None, batch_format="pyarrow"
+            )
+            # The hash partitioning scattered the order: put it back.
+            dataset = dataset.sort([BLOCK, SEQUENCE]).drop_columns([SEQUENCE])
+        for stage in self.stages:
+            stage = dict(stage)
+            dataset = dataset.map_batches(stage.pop("fn"), **stage)
+        return dataset
+
+    def epoch_tables(
+        self, order: EpochOrder, start: DataPosition, exclude_resources=None
+    ) -> Iterator[pa.Table]:
+        dataset = self.dataset(order, start, exclude_resources)
+        yield from dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=4)
+
+
+def local_epoch_tables(
+    source: FileSource, order: EpochOrder, start: DataPosition
+) -> Iterator[pa.Table]:
+    """FileSource's epoch (before its stages), read in this process without Ray: the
+    single-process reference the Ray path is tested against. No de-duplication."""
+    first_unit, first_block = split_block_key(start.block)
+    for ordinal, unit in enumerate(order.units(len(source.files.files))):
+        if ordinal < first_unit:
+            continue
+        unit = int(unit)
+        skip = first_block if ordinal == first_unit else 0
+        file, filesystem = source.files.files[unit], source.files.filesystems[unit]
+        blocks = read_file_blocks(filesystem, file, source.rules, source.block_rows, skip)
+        for number, block in enumerate(blocks, start=skip):
+            block = ordered_block(block, order, unit, ordinal, number)
+            if not getattr(source.rules, "stored", False):  # the cleaning stage
+                block = block.filter(pc.equal(block.column(DROP), "")).drop_columns([DROP, WHERE])
+            yield block
+
+
+@dataclass
+class BlockSource:
+    """Blocks already in the object store, each a unit of the epoch's order (one source block
+    per unit). Read in the feeder's own process: no Ray Data execution per epoch."""
+
+    blocks: list  # ObjectRefs of Arrow tables, in the dataset's order
+
+    @classmethod
+    def of(cls, dataset) -> BlockSource:
+        refs = [
+            ref for bundle in dataset.iter_internal_ref_bundles() for ref in bundle.block_refs
+        ]
+        return cls(refs)
+
+    def epoch_tables(
+        self, order: EpochOrder, start: DataPosition, exclude_resources=None
+    ) -> Iterator[pa.Table]:
+        import ray  # startup
+        from ray.data.block import BlockAccessor
+
+        first_unit, _ = split_block_key(start.block)
+        for ordinal, unit in enumerate(order.units(len(self.blocks))):
+            if ordinal < first_unit:
+                continue
+            table = BlockAccessor.for_block(ray.get(self.blocks[unit])).to_arrow()
+            yield ordered_block(table, order, int(unit), ordinal, 0)
+
+
+def places_in_blocks(keys: np.ndarray, last_key: int | None, last_count: int) -> np.ndarray:
+    """For rows in stream order with block keys `keys` (non-decreasing), each row's index
+    among its block's rows; `last_key`/`last_count`: the block the previous rows ended in and
+    how many of its rows they held."""
+    if len(keys) == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.empty(len(keys), dtype=bool)
+    starts[0] = True
+    starts[1:] = keys[1:] != keys[:-1]
+    run_starts = np.flatnonzero(starts)
+    places = np.arange(len(keys)) - run_starts[np.cumsum(starts) - 1]
+    if last_key is not None and keys[0] == last_key:
+        places[: run_starts[1] if len(run_starts) > 1 else len(keys)] += last_count
+    return places.astype(np.int64)
+
+
+@dataclass
+class TrainingStream:
+    """What a run trains on: the source, its clean row count when the schedule needs one,
+    and how to get the drop report once the run has read it."""
+
+    source: FileSource | BlockSource
+    rows: int | None
+    pretokenised: bool
+    report: object = None  # a DropReport known up front (a token cache), else None
+    counter: object = None  # the DropCounter actor to collect the report from
+
+    def corpus_report(self):
+        if self.report is not None:
+            return self.report
+        return collect_report(self.counter) if self.counter is not None else None
+
+
+def text_source(data_config, counter, stages: list[dict] | None = None) -> FileSource:
+    """The text corpus of `data_config` as a FileSource."""
+    files = resolve_sources(corpus_path(data_config), data_config.hf_split)
+    log.info("corpus: %s", files.describe())
+    return FileSource(
+        files,
+        text_rules(data_config),
+        data_config.block_rows,
+        counter,
+        list(stages or []),
+        data_config.deduplicate,
+        data_config.dedup_partitions,
+    )
+
+
+def stored_source(directory: str, block_rows: int) -> FileSource:
+    """Parquet shards written by the product (the token cache): rows as stored, no cleaning."""
+    return FileSource(resolve_sources(directory), StoredRows(), block_rows)
+
+
+def training_stream(config, search: bool = False) -> TrainingStream:
+    """The run's stream: the token cache when it is on (built now if needed), else the text
+    corpus, cleaned on the cluster and tokenised there when `data.tokenize_in` says so."""
+    from distributed_emb.data.token_cache import token_shards  # it builds with Ray Data
+    from distributed_emb.data.tokenize import tokenize_stage
+
+    shards = token_shards(config, search=search)
+    if shards is not None:
+        rows = shards.rows if config.train.max_steps is None else None
+        if config.data.max_rows is not None and rows is not None:
+            rows = min(rows, config.data.max_rows)
+        source = stored_source(shards.directory, config.data.block_rows)
+        return TrainingStream(source, rows, pretokenised=True, report=shards.report)
+    counter = start_drop_counter()
+    stage = tokenize_stage(config)
+    source = text_source(config.data, counter, [stage] if stage else [])
+    rows = count_rows(config, source)
+    return TrainingStream(source, rows, pretokenised=stage is not None, counter=counter)
+
+
+def count_rows(config, source) -> int | None:
+    """The corpus's clean row count when the schedule needs it; None for a stream whose run
+    length is `train.max_steps` (counting means one full read pass before the first step)."""
+    if config.train.max_steps is not None:
+        return None
+    log.info("counting the corpus (one read pass; set train.max_steps to start at once)")
+    if isinstance(source, BlockSource):
+        import ray  # startup
+        from ray.data.block import BlockAccessor
+
+        rows = sum(BlockAccessor.for_block(ray.get(b)).num_rows() for b in source.blocks)
+    else:
+        unstaged = FileSource(**{**source.__dict__, "stages": []})
+        rows = unstaged.dataset(EpochOrder(None, 0), DataPosition()).count()
+    if config.data.max_rows is not None:
+        rows = min(rows, config.data.max_rows)
+    return rows

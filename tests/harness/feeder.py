@@ -1,0 +1,49 @@
+"""The run's feeder actor (data/global_batches.py) with its ranks played by the test process:
+what `world` ranks receive, global batch by global batch."""
+
+from __future__ import annotations
+
+
+def served_batches(source, plan, world: int, start):
+    """[(global batch as the ranks' slices concatenated in rank order, position after it)].
+    Checks on the way that every rank gets a slice of every batch, of equal size, with the
+    same position."""
+    import pyarrow as pa
+    import ray
+
+    from distributed_emb.data.global_batches import GlobalBatchFeeder, RankStream
+
+    feeder = (
+        ray.remote(GlobalBatchFeeder)
+        .options(num_cpus=0, max_concurrency=4 * world + 4)
+        .remote(source, plan, world)
+    )
+    try:
+        ranks = [RankStream(feeder, rank).epoch(start) for rank in range(world)]
+        served = []
+        while True:
+            slices = [next(rank, None) for rank in ranks]
+            if all(s is None for s in slices):
+                return served
+            assert None not in slices, "ranks got different numbers of batches"
+            assert len({table.num_rows for table, _ in slices}) == 1
+            assert len({position for _, position in slices}) == 1
+            served.append((pa.concat_tables([table for table, _ in slices]), slices[0][1]))
+    finally:
+        ray.kill(feeder)
+
+
+def reference_batches(config, epoch: int = 0) -> list[list[int]]:
+    """Row ids of every global batch of `config`'s epoch, in order, read in this process (no
+    Ray): what any run of that config trains, whatever its number of workers or restarts."""
+    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
+    from distributed_emb.data.global_batches import batch_plan, global_batches
+    from distributed_emb.data.stream import local_epoch_tables, text_source
+
+    source = text_source(config.data, counter=None)
+    plan = batch_plan(config)
+    tables = local_epoch_tables(source, EpochOrder(plan.seed, epoch), DataPosition(epoch=epoch))
+    return [
+        batch.column("_row_id").to_pylist()
+        for batch, _ in global_batches(tables, plan, DataPosition(epoch=epoch))
+    ]
