@@ -371,7 +371,7 @@ KEY_HELP = {
     "loss.temperature": "τ of InfoNCE",
     "loss.mlm_probability": "share of tokens masked for the MLM term",
     "loss.mlm_weight": "weight of the masked-language-model term",
-    "train.num_workers": "Ray Train workers (one per GPU on a GPU cluster)",
+    "train.num_workers": "Ray Train workers (one per GPU), or [min, max] for an elastic group",
     "train.use_gpu": "one GPU per worker",
     "train.cpus_per_worker": "CPUs each worker reserves",
     "train.engine": "DDP, or DeepSpeed ZeRO (pip install -e '.[deepspeed]')",

@@ -500,6 +500,9 @@ class TrainLoopConfig:
     # groups). The global batch stays `batch_size × max` whatever the group's size: each of W
     # workers takes global/W rows, so it must divide by every size in the range.
     num_workers: int | list[int] = 2
+    # An elastic group checks this often whether more workers fit (Ray Train's
+    # elastic_resize_monitor_interval_s); growing restarts the group from its last checkpoint.
+    elastic_resize_interval_s: float = 60.0
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     engine: typing.Literal["ddp", "deepspeed"] = "ddp"
@@ -774,6 +777,7 @@ class TrainingConfig:
                 "drop the teacher",
             )
         validate_worker_counts(t)
+        require_range(t.elastic_resize_interval_s, "train.elastic_resize_interval_s", 0, low_open=True)
         require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
         require_range(t.batch_size, "train.batch_size", 2, why="in-batch negatives")
         require_range(

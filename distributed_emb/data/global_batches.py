@@ -66,16 +66,6 @@ def batch_plan(config) -> BatchPlan:
     )
 
 
-def data_resources(train, world_size: int):
-    """What Ray Data must leave to the Train workers (as Ray Train's own DataConfig does):
-    their CPUs and GPUs are excluded from its resource budget."""
-    from ray.data import ExecutionResources  # startup
-
-    return ExecutionResources(
-        cpu=world_size * train.cpus_per_worker, gpu=world_size if train.use_gpu else 0
-    )
-
-
 def split_rows(global_batch: int, world_size: int, rank: int) -> tuple[int, int]:
     """Rank r's rows [start, stop) of a global batch (W divides G: config validation)."""
     share = global_batch // world_size
@@ -176,11 +166,10 @@ class GlobalBatchFeeder:
     """The actor (see the module docstring). Ranks call `take`; one producer thread per
     stream start fills a bounded buffer of global batches already split into rank slices."""
 
-    def __init__(self, source, plan: BatchPlan, world_size: int, exclude_resources=None):
+    def __init__(self, source, plan: BatchPlan, world_size: int):
         self.source = source
         self.plan = plan
         self.world = world_size
-        self.exclude = exclude_resources
         self.lock = threading.Condition()
         self.streams: dict[tuple, _Stream] = {}
         self.batches_made = 0
@@ -227,7 +216,7 @@ class GlobalBatchFeeder:
 
         try:
             order = EpochOrder(self.plan.seed, start.epoch)
-            tables = self.source.epoch_tables(order, start, self.exclude)
+            tables = self.source.epoch_tables(order, start)
             for batch, position in global_batches(tables, self.plan, start):
                 refs = [ray.put(batch.slice(*_span(self.plan, self.world, r))) for r in range(self.world)]
                 with self.lock:
@@ -271,7 +260,7 @@ class RankStream:
         self.rank = rank
 
     @classmethod
-    def connect(cls, source, plan: BatchPlan, rank: int, world_size: int, exclude=None):
+    def connect(cls, source, plan: BatchPlan, rank: int, world_size: int):
         """Collective: rank 0 starts the feeder on its node, the others find it by name."""
         import ray  # startup
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -287,7 +276,7 @@ class RankStream:
                 num_cpus=0,
                 max_concurrency=IN_FLIGHT * world_size + 4,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
-            ).remote(source, plan, world_size, exclude)
+            ).remote(source, plan, world_size)
             ray.get(feeder.__ray_ready__.remote())  # registered under its name before lookups
         name = distributed.broadcast_object(name)
         # Rank 0 keeps the creating handle: the actor lives as long as it does.

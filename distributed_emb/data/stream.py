@@ -66,7 +66,7 @@ class FileSource:
     deduplicate: bool = False
     dedup_partitions: int = 16
 
-    def dataset(self, order: EpochOrder, start: DataPosition, exclude_resources=None):
+    def dataset(self, order: EpochOrder, start: DataPosition):
         """The epoch's rows from `start`'s block on, as a lazy Ray Dataset in order."""
         import ray  # startup
 
@@ -80,8 +80,6 @@ class FileSource:
         context = dataset.context
         context.target_max_block_size = STREAM_BLOCK_BYTES
         context.execution_options.preserve_order = True  # the order is the point
-        if exclude_resources is not None:
-            context.execution_options.exclude_resources = exclude_resources
         if self.counter is not None:
             dataset = dataset.map_batches(
                 KeepCleanRows(self.counter), batch_size=None, batch_format="pyarrow"
@@ -104,10 +102,8 @@ class FileSource:
             dataset = dataset.map_batches(stage.pop("fn"), **stage)
         return dataset
 
-    def epoch_tables(
-        self, order: EpochOrder, start: DataPosition, exclude_resources=None
-    ) -> Iterator[pa.Table]:
-        dataset = self.dataset(order, start, exclude_resources)
+    def epoch_tables(self, order: EpochOrder, start: DataPosition) -> Iterator[pa.Table]:
+        dataset = self.dataset(order, start)
         yield from dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=4)
 
 
@@ -145,9 +141,7 @@ class BlockSource:
         ]
         return cls(refs)
 
-    def epoch_tables(
-        self, order: EpochOrder, start: DataPosition, exclude_resources=None
-    ) -> Iterator[pa.Table]:
+    def epoch_tables(self, order: EpochOrder, start: DataPosition) -> Iterator[pa.Table]:
         import ray  # startup
         from ray.data.block import BlockAccessor
 

@@ -294,7 +294,9 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             pairs_path = round_dir / "pairs_arranged.parquet"
             pairs, _ = _arranged_pairs_file(
                 str(round_dir / "pairs"),
-                config.training.train.batch_size,
+                # A global batch is G consecutive rows of the file (shuffle off), whose
+                # negatives every anchor sees: spread each over documents.
+                config.training.train.global_batch,
                 config.training.train.seed + index,
                 pairs_path,
             )

@@ -28,7 +28,7 @@ from distributed_emb.config import TrainingConfig, TrainLoopConfig, training_con
 from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
-from distributed_emb.data.global_batches import RankStream, batch_plan, data_resources
+from distributed_emb.data.global_batches import RankStream, batch_plan
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.losses.objective import ObjectiveWeights
 from distributed_emb.mcr2.head import load_head
@@ -140,12 +140,10 @@ class WorkerRun:
             TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
         )
         # The run's one stream of global batches (data/global_batches.py); this rank's slices.
+        # Ray Data's share of the cluster is what Ray Train's reservation leaves (its
+        # AutoscalingCoordinator), in the feeder as in any process.
         self.stream = RankStream.connect(
-            loop_config["source"],
-            batch_plan(config),
-            self.rank,
-            self.world,
-            data_resources(config.train, self.world),
+            loop_config["source"], batch_plan(config), self.rank, self.world
         )
         self.progress = ProgressLog.for_worker(
             config, self.total_steps, self.world, self.rank, start_step=self.state.step

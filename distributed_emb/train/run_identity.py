@@ -59,6 +59,7 @@ IGNORED_KEYS = (
     "train.layout",
     "train.lower_cpus_to_fit",
     "train.stall_timeout_s",
+    "train.elastic_resize_interval_s",
     "data.tokenize_in",  # the same token ids either way (tests/data/test_tokenize.py)
     "data.tokenize_batch_rows",
     "data.token_cache",  # the same ids, read from shards (tests/data/test_token_cache.py)

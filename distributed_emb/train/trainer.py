@@ -72,6 +72,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             # [min, max]: Ray Train's elastic worker group.
             num_workers=tuple(train.num_workers) if train.elastic else train.num_workers,
+            elastic_resize_monitor_interval_s=train.elastic_resize_interval_s,
             use_gpu=train.use_gpu,
             resources_per_worker=worker_resources(config, worker_cpus),
         ),

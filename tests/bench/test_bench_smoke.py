@@ -213,3 +213,32 @@ def test_encoding_bench_times_every_arm_and_checks_their_vectors(tiny_bert_path)
     assert result["sentences"] == 16
     assert set(result["seconds"]) == {"sentence_transformers", "in_process", "ray_pool"}
     assert result["median_speed_vs_sentence_transformers"]["sentence_transformers"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_data_scaling_bench_reports_every_worker_count_and_resume_point(tmp_path):
+    """bench/data_scaling.py --quick: one JSON line of the issue's shape; each row read once
+    per epoch for every W, and a resume position of a few integers."""
+    done = subprocess.run(
+        [sys.executable, "bench/data_scaling.py", "--quick", "--json", "--workdir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout[-3000:]  # the JSON line alone on stdout
+    result = json.loads(lines[0])
+    assert set(result) == {"ranks", "resume"}
+    assert set(result["ranks"]) == {"1", "2", "4"}
+    for world, ranks in result["ranks"].items():
+        assert set(ranks) == {"rows_read_per_row", "delivered_per_s"}, world
+        assert ranks["rows_read_per_row"] == 1.0, world  # every row read once, whatever W
+        assert ranks["delivered_per_s"] > 0, world
+    assert set(result["resume"]) == {"1000", "20000"}
+    for rows, resume in result["resume"].items():
+        assert set(resume) == {"state_bytes", "delivered_vs_fresh"}, rows
+        assert 0 < resume["state_bytes"] < 200, rows  # five integers, whatever the position
+        assert resume["delivered_vs_fresh"] > 0, rows

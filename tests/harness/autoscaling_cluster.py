@@ -121,6 +121,7 @@ def autoscaling_config(
     worker_cpus: float,
     max_workers: int,
     idle_timeout_minutes: float,
+    min_workers: int = 0,
 ) -> dict:
     """The whole launcher config for Ray's fake multi-node provider (the keys Ray's own
     fake_multi_node/example.yaml has; the schema check refuses a config missing any)."""
@@ -141,7 +142,7 @@ def autoscaling_config(
             WORKER_TYPE: {
                 "resources": {"CPU": worker_cpus, "object_store_memory": 256 * 1024**2},
                 "node_config": {},
-                "min_workers": 0,
+                "min_workers": min_workers,
                 "max_workers": max_workers,
             },
         },
@@ -170,9 +171,11 @@ def start_cluster(
     idle_timeout_minutes: float = 0.2,
     token: str | None = None,
     startup_timeout_s: float = 180,
+    min_workers: int = 0,
 ) -> LocalCluster:
-    """Start the head (its autoscaler starts worker nodes on demand); return once the job API
-    answers. Stop it with `stop_cluster`, also when this raises."""
+    """Start the head (its autoscaler starts worker nodes on demand, and keeps `min_workers`
+    up); return once the job API answers. Stop it with `stop_cluster`, also when this
+    raises."""
     import ray
 
     # Short path: Ray's unix sockets live under the temp dir and sun_path holds 107 bytes.
@@ -187,7 +190,9 @@ def start_cluster(
     config_path = Path(temp_dir) / "autoscaling.yaml"
     config_path.write_text(
         yaml.safe_dump(
-            autoscaling_config(gcs_address, worker_cpus, max_workers, idle_timeout_minutes)
+            autoscaling_config(
+                gcs_address, worker_cpus, max_workers, idle_timeout_minutes, min_workers
+            )
         )
     )
     cluster = LocalCluster(

@@ -1,0 +1,276 @@
+"""An elastic worker group under `ray job submit` on a cluster in a box
+(tests/harness/autoscaling_cluster.py), with its state on an S3-protocol server on 127.0.0.1.
+
+Shape as in cluster/aws.yaml: the head offers no CPU; fake worker nodes of 3 logical CPUs, one
+up at the start, at most 2; each Train worker asks for 2 CPUs (standing in for one GPU per
+node), so two workers never share a node. The job asks for `train.num_workers=[1, 2]`:
+
+1. it starts on the one worker node with 1 worker;
+2. Ray Train asks for its largest group, the autoscaler adds a second node and the group grows
+   to 2 workers (a resize: it resumes from its last checkpoint);
+3. the node of rank 1 is killed (a spot loss) and the group shrinks back to 1 worker;
+4. the run finishes its steps; the idle node is scaled down afterwards.
+
+Every step trains the same global batch of 16 rows whatever the group's size, and the row log
+shows that the surviving steps trained exactly the epoch's global batches in order (the
+single-process reference of data/global_batches.py): no row twice, none skipped. The exported
+model is read back from the bucket by a process that never joined the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from harness.autoscaling_cluster import (
+    RAY_CLI,
+    NodeWatcher,
+    Timeline,
+    base_env,
+    cluster_processes,
+    local_cluster,
+    wait_for,
+)
+from harness.row_log import kept_steps, resumed_from, row_log_records
+
+from distributed_emb.paths import shipped_corpus
+
+# Slow: a multi-node cluster, a submitted job and three worker groups (about 3 min on 2 cores).
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 120
+GLOBAL_BATCH = 16  # train.batch_size 8 × at most 2 workers
+STEPS_AT_TWO = 3  # steps the grown group trains before its node is killed
+
+
+def job_runtime_env(extra_env: dict[str, str]) -> str:
+    """cluster/runtime_env.yaml's switches plus `extra_env`, as JSON for `--runtime-env-json`
+    (the CLI takes a file or JSON, not both), without its working_dir.
+
+    Why no working_dir here: fake nodes share the head's session directory, so each node's
+    runtime-env agent unpacks the job's package into the same path, and one of them replaced
+    it (rmtree + unpack) under the running driver, whose working directory then no longer
+    existed (FileNotFoundError from os.getcwd at export). Every fake node already imports this
+    checkout (same machine, same venv); tests/jobs/test_job_submit.py covers `--working-dir`.
+    """
+    runtime_env = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
+    runtime_env.pop("working_dir", None)
+    runtime_env.pop("excludes", None)
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra_env}
+    return json.dumps(runtime_env)
+
+
+READ_BACK = textwrap.dedent(
+    """
+    import sys, tempfile
+    import pyarrow.fs as pafs
+    from sentence_transformers import SentenceTransformer
+
+    uri = sys.argv[1]
+    filesystem, path = pafs.FileSystem.from_uri(uri)
+    local = tempfile.mkdtemp()
+    pafs.copy_files(path, local, source_filesystem=filesystem,
+                    destination_filesystem=pafs.LocalFileSystem())
+    model = SentenceTransformer(local, device="cpu")
+    print("shape", model.encode(["A cat sits on the mat.", "Stocks fell."]).shape)
+    """
+)
+
+
+def kill_node(cluster, node_id: str) -> list[int]:
+    """SIGKILL every process of one fake node (its raylet, object store, workers): a lost
+    spot instance. The fake provider starts a node with its id in the environment."""
+    mark = f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode()
+    killed = []
+    for pid in cluster_processes(cluster):
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in environment:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+class GroupWatcher(threading.Thread):
+    """Follows the run through its row log: records each new worker group (attempt and size)
+    and, once the group has grown to 2 and trained STEPS_AT_TWO steps, kills rank 1's node."""
+
+    def __init__(self, cluster, output: Path, timeline: Timeline) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.output, self.timeline = cluster, output, timeline
+        self.groups: dict[int, int] = {}  # attempt → ranks seen in its records
+        self.killed: list[int] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                records = row_log_records(self.output)
+            except (OSError, ValueError):  # a line half written: read again
+                records = []
+            for attempt in sorted({r["attempt"] for r in records}):
+                ranks = {r["rank"] for r in records if r["attempt"] == attempt}
+                if len(ranks) > self.groups.get(attempt, 0):
+                    self.groups[attempt] = len(ranks)
+                    self.timeline.add(f"attempt {attempt} trains on {len(ranks)} worker(s)")
+            grown = [a for a, size in self.groups.items() if size == 2]
+            if grown and not self.killed:
+                steps = {r["step"] for r in records if r["attempt"] == grown[0]}
+                if len(steps) > STEPS_AT_TWO:
+                    self._kill_rank_one()
+            self._halt.wait(0.5)
+
+    def _kill_rank_one(self) -> None:
+        with_rank = [
+            actor
+            for actor in self.cluster.state("actors", class_name="RayTrainWorker")
+            if actor["state"] == "ALIVE"
+        ]
+        nodes = sorted({actor["node_id"] for actor in with_rank})
+        if len(nodes) < 2:
+            return
+        # Either node will do: rank 0's loss also takes the feeder, which the new group
+        # restarts from the checkpoint's position. Kill the newer one (the grown node).
+        self.killed = kill_node(self.cluster, nodes[-1])
+        self.timeline.add(f"killed node {nodes[-1][-5:]} ({len(self.killed)} processes)")
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=30)
+
+
+def test_the_group_grows_with_the_autoscaler_shrinks_on_node_loss_and_trains_every_batch_once(
+    tmp_path, tiny_bert_path, s3
+):
+    bucket = s3.create_bucket(f"runs-{secrets.token_hex(3)}")
+    run_name = "elastic"
+    submission_id = f"elastic-{secrets.token_hex(3)}"
+    corpus = tmp_path / "corpus.txt"
+    lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:4000]
+    corpus.write_text("\n".join(lines) + "\n")
+    output = tmp_path / "run"
+    timeline = Timeline()
+    with local_cluster(
+        worker_cpus=3, max_workers=2, min_workers=1, idle_timeout_minutes=0.2
+    ) as cluster:
+        wait_for(lambda: len(cluster.alive_worker_nodes()) == 1, 120, "the first worker node")
+        timeline.add("head and 1 worker node up")
+        nodes = NodeWatcher(cluster, timeline)
+        nodes.start()
+        groups = GroupWatcher(cluster, output, timeline)
+        groups.start()
+        overrides = [
+            f"model.path={tiny_bert_path}",
+            f"data.path={corpus}",
+            "data.max_rows=null",
+            "data.length_group_batches=0",
+            "train.num_workers=[1,2]",
+            "train.batch_size=8",
+            "train.cpus_per_worker=2",
+            # Restarts: the lost node. A resize is not a failure.
+            "train.max_failures=3",
+            "train.elastic_resize_interval_s=2",
+            f"train.max_steps={STEPS}",
+            # A checkpoint at every step: a resize or a loss rolls nothing back, and every
+            # step's evaluation gives the run its pace.
+            "eval.eval_steps=1",
+            "eval.max_pairs=16",
+            "output.checkpoints_to_keep=2",
+            "output.row_log=true",
+            f"output.storage_path={bucket}/runs",
+            f"output.run_name={run_name}",
+        ]
+        command = [
+            RAY_CLI, "job", "submit",
+            "--address", cluster.dashboard_url,
+            "--submission-id", submission_id,
+            "--runtime-env-json", job_runtime_env(
+                {**s3.env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+            ),
+            "--",
+            "python", str(REPO / "jobs" / "train_informin.py"),
+            "--config", str(REPO / "jobs" / "configs" / "informin_tiny.yaml"),
+            *overrides,
+            "--output", str(output),
+        ]  # fmt: skip
+        timeline.add("job submitted")
+        submitted = subprocess.run(
+            command, cwd=REPO, env=cluster.client_env(), capture_output=True, text=True,
+            timeout=900,
+        )  # fmt: skip
+        logs = submitted.stdout + submitted.stderr
+        timeline.add(f"job ended (ray job submit exit {submitted.returncode})")
+        groups.stop()
+        status = requests.get(
+            f"{cluster.dashboard_url}/api/jobs/{submission_id}",
+            headers=cluster.auth_headers(),
+            timeout=30,
+        ).json()
+        try:  # down to the autoscaler's minimum of 1
+            wait_for(lambda: len(cluster.alive_worker_nodes()) <= 1, 240, "idle nodes to go")
+            scaled_down = True
+        except TimeoutError:
+            scaled_down = False
+        timeline.add("scaled down to 1 node" if scaled_down else "nodes still up at deadline")
+        nodes.stop()
+    print(f"elastic timeline:\n{timeline}")
+
+    assert submitted.returncode == 0, logs[-6000:]
+    assert status["status"] == "SUCCEEDED", (status, logs[-6000:])
+    sizes = [groups.groups[a] for a in sorted(groups.groups)]
+    assert sizes[0] == 1, f"the run did not start on one worker:\n{timeline}"
+    assert 2 in sizes, f"the group never grew to 2 workers:\n{timeline}"
+    assert groups.killed, f"no node was killed:\n{timeline}"
+    after_kill = sizes[sizes.index(2) + 1 :]
+    assert after_kill and after_kill[0] == 1, f"the group did not shrink:\n{timeline}"
+    assert nodes.most == 2 and scaled_down, timeline
+
+    # Every step trained one global batch of 16 rows, whatever the group's size, and the
+    # surviving steps are the epoch's global batches in order: none twice, none skipped.
+    records = row_log_records(output)
+    assert len(resumed_from(records)) >= 2  # the grow and the shrink each resumed
+    steps = kept_steps(records)
+    assert list(steps) == list(range(1, STEPS + 1))
+    assert all(len(rows) == GLOBAL_BATCH for rows in steps.values())
+    expected = expected_batches(corpus, tiny_bert_path, overrides)
+    assert [sorted(rows) for rows in steps.values()] == [sorted(b) for b in expected[:STEPS]]
+
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert metrics["steps"] == STEPS and metrics["global_batch"] == GLOBAL_BATCH
+    assert metrics["restarts"] >= 2
+    keys = s3.keys(bucket.removeprefix("s3://"), f"runs/{run_name}/")
+    assert f"runs/{run_name}/model/config.json" in keys, keys
+    # A process that never joined the cluster: only the S3 endpoint and keys in its env.
+    reader = subprocess.run(
+        [sys.executable, "-c", READ_BACK, f"{bucket}/runs/{run_name}/model"],
+        env={**base_env(), **s3.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert reader.returncode == 0, reader.stderr[-3000:]
+    assert "shape (2, 32)" in reader.stdout  # tiny BERT's hidden size
+
+
+def expected_batches(corpus: Path, model_path: str, overrides: list[str]) -> list[list[int]]:
+    """The epoch's global batches for the job's config, read in this process."""
+    from harness.feeder import reference_batches
+    from harness.tiny_run import TINY_YAML
+
+    from distributed_emb.config import TrainingConfig, load_config
+
+    config = load_config(TrainingConfig, str(TINY_YAML), overrides)
+    return reference_batches(config)
