@@ -1,18 +1,21 @@
-"""Streaming corpora at scale: time to the first training batch and driver memory from 1M to
-20M sentences, and the streaming path's delivery rate against the in-memory path it replaced.
+"""Streaming corpora at scale: time to the first training batch and memory from 1M to 20M
+sentences, and the streaming path's delivery rate against the in-memory path it replaced.
 
     python bench/corpus_scale.py --sizes 1000000 5000000 20000000 --workdir /tmp/corpus_scale
 
 For each size, generated Parquet shards (1M sentences each: the shipped Wikipedia sentences,
 numbered so that every row is distinct) are read the way a training run reads them: the driver
-lists the files and builds the lazy pipeline (data/corpus.py), Ray Train's data config gives
-rank 0 of 2 its shard (data/sharding.py), and the worker-side batcher (data/epoch_stream.py)
-cuts the first batch. Each size runs in a fresh process (its own Ray), so the driver's peak RSS
-(VmHWM) is that size's alone.
+lists the files (data/stream.py `text_source`), the run's one feeder actor
+(data/global_batches.py) reads and cleans them with Ray Data tasks and cuts global batches, and
+rank 0 of 2 (played by this process) takes its slice of the first one. Each size runs in a
+fresh process (its own Ray), so the peak RSS (VmHWM) of the driver and of the feeder actor is
+that size's alone.
 
-Delivery rate (1M sentences, same process, interleaved): rows per second into one consumer
-from (a) the streaming path and (b) the in-memory path the project used before — every row
-read on the driver into one Arrow table, then `ray.data.from_arrow`.
+Delivery rate (1M sentences, same process, interleaved): rows per second into one rank of 2
+(BATCH rows a slice), both ranks consuming, from (a) the streaming path and (b) the in-memory
+path the project used before: every row read on the driver into one Arrow table, then
+`ray.data.from_arrow`, its blocks served by the same feeder (data/stream.py `BlockSource`, what
+a Tune search uses).
 """
 
 from __future__ import annotations
@@ -70,58 +73,104 @@ def _start_ray():
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
-def _rank0_iterator(dataset):
-    from distributed_emb.data.sharding import RowShardedDataConfig
+def _feeder(source, world: int):
+    """A feeder actor as a run starts it (data/global_batches.py RankStream.connect), with
+    `world` ranks of BATCH rows each."""
+    import ray
 
-    return RowShardedDataConfig().configure({"train": dataset}, 2, None, None)[0]["train"]
+    from distributed_emb.data.global_batches import IN_FLIGHT, BatchPlan, GlobalBatchFeeder
+
+    class MeasuredFeeder(GlobalBatchFeeder):
+        def peak_rss_mb(self) -> float:  # the feeder process's own
+            return peak_rss_mb()
+
+    plan = BatchPlan(global_batch=world * BATCH, seed=0)
+    return (
+        ray.remote(MeasuredFeeder)
+        .options(num_cpus=0, max_concurrency=IN_FLIGHT * world + 4)
+        .remote(source, plan, world)
+    )
+
+
+def _ranks(feeder, world: int):
+    """The ranks' slices of each global batch, in lock step: [(table, position)] per batch."""
+    from distributed_emb.data.epoch_order import DataPosition
+    from distributed_emb.data.global_batches import RankStream
+
+    ranks = [RankStream(feeder, rank).epoch(DataPosition()) for rank in range(world)]
+    while True:
+        slices = [next(rank, None) for rank in ranks]
+        if None in slices:
+            return
+        yield slices
+
+
+def _text_source(path: str, **data):
+    from distributed_emb.config import DataConfig
+    from distributed_emb.data.corpus import start_drop_counter
+    from distributed_emb.data.stream import text_source
+
+    counter = start_drop_counter()
+    return text_source(DataConfig(path=path, **data), counter), counter
 
 
 def first_batch(path: str) -> dict:
-    """In this (fresh) process: seconds from building the pipeline to rank 0's first batch."""
-    from distributed_emb.config import DataConfig
-    from distributed_emb.data.corpus import start_drop_counter, training_dataset
-    from distributed_emb.data.epoch_stream import epoch_batches
+    """In this (fresh) process: seconds from listing the corpus to rank 0's first slice (the
+    feeder's start included), and the peak RSS of the driver and of the feeder."""
+    import ray
 
     _start_ray()
     started = time.perf_counter()
-    dataset = training_dataset(DataConfig(path=path), start_drop_counter())
-    batch = next(epoch_batches(_rank0_iterator(dataset), BATCH, 10_000, seed=0))
+    source, _ = _text_source(path)
+    feeder = _feeder(source, 2)
+    (table, _), _ = next(_ranks(feeder, 2))
     seconds = time.perf_counter() - started
-    assert len(batch["text"]) == BATCH
-    return {"first_batch_s": round(seconds, 2), "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
+    assert table.num_rows == BATCH
+    feeder_rss = ray.get(feeder.peak_rss_mb.remote())
+    ray.kill(feeder)
+    return {
+        "first_batch_s": round(seconds, 2),
+        "driver_peak_rss_mb": round(peak_rss_mb(), 1),
+        "feeder_peak_rss_mb": round(feeder_rss, 1),
+    }
 
 
-def _rate(iterator, batches: int) -> float:
-    from distributed_emb.data.epoch_stream import epoch_batches
+def _rate(source, batches: int) -> float:
+    """Rows/s into rank 0 of 2 over `batches` slices, after the first (start-up excluded: the
+    rate of the steady stream)."""
+    import ray
 
-    stream = epoch_batches(iterator, BATCH, 10_000, seed=0)
-    next(stream)  # start-up excluded: rate of the steady stream
+    feeder = _feeder(source, 2)
+    stream = _ranks(feeder, 2)
+    next(stream)
     started = time.perf_counter()
     for _ in range(batches):
         next(stream)
-    return batches * BATCH / (time.perf_counter() - started)
+    rate = batches * BATCH / (time.perf_counter() - started)
+    stream.close()
+    ray.kill(feeder)  # stops its pipeline before the next measurement starts
+    return rate
 
 
 def delivery(path: str, batches: int, rounds: int) -> dict:
     import pyarrow as pa
     import ray
 
-    from distributed_emb.config import DataConfig
-    from distributed_emb.data.corpus import read_rows, start_drop_counter, training_dataset
+    from distributed_emb.data.corpus import read_rows
     from distributed_emb.data.readers import ROW_ID
+    from distributed_emb.data.stream import BlockSource
 
     _start_ray()
     started = time.perf_counter()
     rows, _ = read_rows(path)  # the old path: every row through the driver
     table = pa.table({"text": rows["text"]})
     table = table.append_column(ROW_ID, pa.array(range(table.num_rows), pa.int64()))
-    in_memory = ray.data.from_arrow(table).repartition(64)
+    in_memory = BlockSource.of(ray.data.from_arrow(table).repartition(64).materialize())
     driver_read_s = time.perf_counter() - started
     streaming, memory = [], []
     for _ in range(rounds):  # interleaved: drift in machine speed hits both alike
-        dataset = training_dataset(DataConfig(path=path), start_drop_counter())
-        streaming.append(_rate(_rank0_iterator(dataset), batches))
-        memory.append(_rate(_rank0_iterator(in_memory), batches))
+        streaming.append(_rate(_text_source(path)[0], batches))
+        memory.append(_rate(in_memory, batches))
     return {
         "streaming_rows_per_s": [round(r) for r in streaming],
         "in_memory_rows_per_s": [round(r) for r in memory],
@@ -131,16 +180,17 @@ def delivery(path: str, batches: int, rounds: int) -> dict:
 
 
 def dedup_cost(path: str) -> dict:
-    """Seconds for one full pass (`count()`) without and with `data.deduplicate`."""
-    from distributed_emb.config import DataConfig
-    from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
+    """Seconds for one full pass without and with `data.deduplicate`: the pass
+    data/stream.py's `count_rows` makes (the stream's pipeline without its stages, `count()`)."""
+    from distributed_emb.data.corpus import collect_report
+    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
 
     _start_ray()
     result = {}
     for dedup in (False, True):
-        counter = start_drop_counter()
         started = time.perf_counter()
-        rows = training_dataset(DataConfig(path=path, deduplicate=dedup), counter).count()
+        source, counter = _text_source(path, deduplicate=dedup)
+        rows = source.dataset(EpochOrder(None, 0), DataPosition()).count()
         result["dedup" if dedup else "plain"] = {
             "pass_s": round(time.perf_counter() - started, 1),
             "rows": rows,
@@ -182,17 +232,24 @@ def main(argv=None) -> int:
                 str(-(-size // SHARD_ROWS)),
                 str(result["first_batch_s"]),
                 str(result["driver_peak_rss_mb"]),
+                str(result["feeder_peak_rss_mb"]),
             ]
         )
-    columns = ["sentences", "shards", "first batch (s)", "driver peak RSS (MiB)"]
-    print(markdown_table(columns, rows, right_aligned="rrrr"))
+    columns = [
+        "sentences",
+        "shards",
+        "first batch (s)",
+        "driver peak RSS (MiB)",
+        "feeder peak RSS (MiB)",
+    ]
+    print(markdown_table(columns, rows, right_aligned="rrrrr"))
     if args.dedup:
         for size in args.sizes:
             result = child("dedup", write_shards(workdir, size))
             print(f"dedup, {size:,} sentences: {json.dumps(result)}")
         return 0
     result = child("delivery", write_shards(workdir, min(args.sizes)))
-    print(f"\ndelivery into one consumer, {min(args.sizes):,} sentences: {json.dumps(result)}")
+    print(f"\ndelivery into one rank of 2, {min(args.sizes):,} sentences: {json.dumps(result)}")
     return 0
 
 

@@ -2,11 +2,12 @@
 against how fast training consumes them.
 
 Three stages, each timed on its own:
-- read + clean: `load_training_dataset` (the driver's streaming pass over the corpus: UTF-8
-  checks, empty and duplicate rows dropped and counted) into a Ray Dataset;
-- Ray Data → worker batches: `iter_torch_batches` with the workers' collator (tokenisation
-  into two views, dynamic padding), consumed as fast as it comes, in one consumer (the first
-  batch, which waits for the pipeline to start, timed apart);
+- read + clean: one pass over the corpus as data/stream.py's `count_rows` makes it (Ray Data
+  read and clean tasks: UTF-8 checks, empty rows dropped and counted; `count()`);
+- feeder → worker batches: the run's one feeder actor (data/global_batches.py) cutting global
+  batches of `batch_size` rows for one rank, which turns its slices into the collator's input
+  (`numpy_batch`) and collates them (tokenisation into two views, dynamic padding), consumed as
+  fast as they come (the first batch, which waits for the pipeline to start, timed apart);
 - tokenise only: the same collator on in-memory lists, no Ray (the floor of the stage above).
 """
 
@@ -21,10 +22,23 @@ import numpy as np
 @dataclass
 class DataPathTiming:
     rows: int
-    read_s: float  # read + clean + Ray Dataset creation
-    first_batch_s: float  # Ray Data start-up: latency of the first batch
-    iterate_sentences_per_s: float  # Ray Data iter_torch_batches + collate, one consumer
+    read_s: float  # read + clean: one counting pass
+    first_batch_s: float  # feeder and Ray Data start-up: latency of the first batch
+    iterate_sentences_per_s: float  # feeder → one rank's slices + collate
     tokenise_sentences_per_s: float  # collator only, no Ray
+
+
+def _feeder(source, plan, world: int = 1):
+    """A feeder actor as a run starts it (RankStream.connect), for `world` ranks."""
+    import ray
+
+    from distributed_emb.data.global_batches import IN_FLIGHT, GlobalBatchFeeder
+
+    return (
+        ray.remote(GlobalBatchFeeder)
+        .options(num_cpus=0, max_concurrency=IN_FLIGHT * world + 4)
+        .remote(source, plan, world)
+    )
 
 
 def time_data_path(
@@ -34,29 +48,40 @@ def time_data_path(
     max_batches: int,
     data_overrides: list[str] = (),
 ) -> DataPathTiming:
+    import ray
     from transformers import AutoTokenizer
 
     from distributed_emb.config import DataConfig, load_config
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+    from distributed_emb.data.corpus import start_drop_counter
+    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
+    from distributed_emb.data.epoch_stream import numpy_batch
+    from distributed_emb.data.global_batches import BatchPlan, RankStream
+    from distributed_emb.data.stream import text_source
 
     data_config = load_config(DataConfig, None, list(data_overrides))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     collate = ContrastiveCollator(tokenizer, max_seq_length)
 
     started = time.perf_counter()
-    counter = start_drop_counter()
-    dataset = training_dataset(data_config, counter)
+    source = text_source(data_config, start_drop_counter())
+    dataset = source.dataset(EpochOrder(None, 0), DataPosition())  # count_rows's pass
+    if data_config.max_rows is not None:
+        dataset = dataset.limit(data_config.max_rows)
     rows = dataset.count()
     read_s = time.perf_counter() - started
 
-    # The first batch pays the streaming executor's start-up (once per epoch, hidden behind
-    # the first window in training): timed on its own; throughput is over the batches after it.
+    # The first batch pays the feeder's and the pipeline's start-up (once per epoch, hidden
+    # behind the first window in training): timed on its own; throughput is over the batches
+    # after it. One rank: its slice is the whole global batch.
+    plan = BatchPlan(batch_size, data_config.shuffle_seed, max_rows=data_config.max_rows)
+    feeder = _feeder(source, plan)
+    tables = []
     sentences = 0
     started = time.perf_counter()
-    for index, batch in enumerate(
-        dataset.iter_torch_batches(batch_size=batch_size, collate_fn=collate, drop_last=True)
-    ):
+    for index, (table, _) in enumerate(RankStream(feeder, 0).epoch(DataPosition())):
+        tables.append(table)
+        batch = collate(numpy_batch(table))
         if index == 0:
             first_batch_s = time.perf_counter() - started
             started = time.perf_counter()
@@ -65,8 +90,9 @@ def time_data_path(
         if index >= max_batches:
             break
     iterate = sentences / (time.perf_counter() - started)
+    ray.kill(feeder)
 
-    texts = [row["text"] for row in dataset.take(max_batches * batch_size)]
+    texts = [text for table in tables for text in table.column("text").to_pylist()]
     started = time.perf_counter()
     for start in range(0, len(texts) - batch_size + 1, batch_size):
         collate({"text": np.array(texts[start : start + batch_size], dtype=object)})
@@ -79,10 +105,12 @@ def time_data_path(
 #
 #     python bench/data_path.py --json [--corpus DIR_OF_PARQUET] [--data-cpus 1 2]
 #
-# A Train worker's view of the stream (rank 0 of 1, the project's own pipeline pieces), each
-# setting in a fresh process with its own Ray of `data_cpus` CPUs:
-# - delivered_per_s: text → the tokenising stage (data/tokenize.py) → the worker's batcher and
-#   the collator's padding. Every row is tokenised while it is delivered.
+# A Train worker's view of the stream (rank 0 of 1: the run's feeder actor and the rank's
+# RankStream, data/global_batches.py), each setting in a fresh process with its own Ray of
+# `data_cpus` CPUs:
+# - delivered_per_s: text → the tokenising stage (data/tokenize.py) → the feeder's global
+#   batches → the rank's slices and the collator's padding. Every row is tokenised while it is
+#   delivered.
 # - cache_build_per_s: the token cache's one pass (data/token_cache.py: read, clean, tokenise,
 #   write Parquet) over `--cache-rows` rows, nothing consuming.
 # - delivered_from_cache_per_s: the same consumer reading those tokenised shards: what later
@@ -108,18 +136,25 @@ def collate_one_thread_per_s(path: str, model_path: str, rows: int, batch_size: 
     return (len(texts) // batch_size * batch_size) / (time.perf_counter() - started)
 
 
-def _consumed_per_s(shard, collate, batch_size: int, batches: int) -> float:
-    """Rows/s a worker's loop gets: exact batches (epoch_stream) collated (padding only)."""
-    from distributed_emb.data.epoch_stream import epoch_batches
+def _consumed_per_s(source, collate, batch_size: int, batches: int) -> float:
+    """Rows/s a worker's loop gets: its slices of the feeder's global batches (one rank: the
+    whole batch), as the collator's input (`numpy_batch`), collated (padding only)."""
+    import ray
 
-    stream = epoch_batches(shard, batch_size, 10_000, seed=0)
+    from distributed_emb.data.epoch_order import DataPosition
+    from distributed_emb.data.epoch_stream import numpy_batch
+    from distributed_emb.data.global_batches import BatchPlan, RankStream
+
+    feeder = _feeder(source, BatchPlan(batch_size, seed=0))
+    stream = RankStream(feeder, 0).epoch(DataPosition())
     for _ in range(5):  # start-up excluded: the steady rate
-        collate(next(stream))
+        collate(numpy_batch(next(stream)[0]))
     started = time.perf_counter()
     for _ in range(batches):
-        collate(next(stream))
+        collate(numpy_batch(next(stream)[0]))
     rate = batches * batch_size / (time.perf_counter() - started)
-    stream.close()  # stops this pipeline's tasks before the next measurement starts
+    stream.close()
+    ray.kill(feeder)  # stops this pipeline's tasks before the next measurement starts
     return rate
 
 
@@ -139,8 +174,8 @@ def delivery_rates(
 
     from distributed_emb.config import TrainingConfig, load_config
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.corpus import start_drop_counter, training_dataset
-    from distributed_emb.data.sharding import RowShardedDataConfig
+    from distributed_emb.data.corpus import start_drop_counter
+    from distributed_emb.data.stream import stored_source, text_source
     from distributed_emb.data.token_cache import token_shards
     from distributed_emb.data.tokenize import tokenize_arguments
 
@@ -160,29 +195,23 @@ def delivery_rates(
     )
     collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), max_len)
 
-    def rank0(dataset, stage):
-        shards = RowShardedDataConfig(per_rank_stage=stage).configure(
-            {"train": dataset}, 1, None, None
-        )
-        return shards[0]["train"]
-
     # The baseline is timed right before and after each delivery, in this process: a shared
     # machine's load changes by the minute, so only rates timed together make a ratio.
     def one_thread() -> float:
         return collate_one_thread_per_s(path, model_path, batches * batch_size, batch_size, max_len)
 
-    text = training_dataset(config.data, start_drop_counter())
+    text = text_source(config.data, start_drop_counter(), [tokenize_arguments(config)])
     before = one_thread()
-    delivered = _consumed_per_s(
-        rank0(text, tokenize_arguments(config)), collate, batch_size, batches
-    )
+    delivered = _consumed_per_s(text, collate, batch_size, batches)
     after = one_thread()
 
     config.data.max_rows = cache_rows
     started = time.perf_counter()
     shards = token_shards(config)
     build = shards.rows / (time.perf_counter() - started)
-    cached = _consumed_per_s(rank0(shards.dataset(), None), collate, batch_size, batches)
+    cached = _consumed_per_s(
+        stored_source(shards.directory, config.data.block_rows), collate, batch_size, batches
+    )
     last = one_thread()
     return {
         "delivered": delivered,

@@ -1,6 +1,7 @@
 """The project's own training path, timed from inside: a real Ray Train run of
 `train_loop_per_worker` (TorchTrainer, InforMin-CL loss, the shipped corpus through the
-project's loader and Ray Data), with throughput read back from the loop's own progress windows.
+project's stream: Ray Data read and clean tasks, one feeder of global batches, each rank its
+slice), with throughput read back from the loop's own progress windows.
 
 The loop closes a window before each evaluation and reopens it after the checkpoint, so
 evaluation and checkpoint writing never count; the first window (pipeline start-up, first
@@ -77,16 +78,15 @@ def project_config(
 
 def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     """One TorchTrainer fit (Ray must be running); steady-state numbers from its windows."""
-    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+    from distributed_emb.data.stream import training_stream
     from distributed_emb.train.checkpointing import STATE_FILE, LoopState
-    from distributed_emb.train.trainer import build_trainer, count_rows, planned_worker_cpus
+    from distributed_emb.train.trainer import build_trainer, planned_worker_cpus
 
     started = time.perf_counter()
-    dataset = training_dataset(config.data, start_drop_counter())
-    rows = count_rows(config, dataset)
+    stream = training_stream(config)  # what run_training trains on: one feeder, W ranks
     # A fresh run name each time: a run must never resume an earlier contender's checkpoint.
     run_name = f"bench-{uuid.uuid4().hex[:8]}"
-    trainer = build_trainer(config, dataset, rows, run_name=run_name, **planned_worker_cpus(config))
+    trainer = build_trainer(config, stream, run_name=run_name, **planned_worker_cpus(config))
     result = trainer.fit()
     if result.error is not None:
         raise result.error
@@ -118,16 +118,22 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
 
 
 def bench_texts(config: TrainingConfig) -> list[str]:
-    """The rows the project's reader gives this config, in file order: the baselines train on
-    the same sentences."""
-    from distributed_emb.data.corpus import corpus_path, read_rows, text_rules
+    """The rows the project trains on in this config's first epoch, in its order (the
+    single-process reference of the feeder's global batches, data/global_batches.py): the
+    baselines train on the same sentences."""
+    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
+    from distributed_emb.data.global_batches import batch_plan, global_batches
+    from distributed_emb.data.stream import local_epoch_tables, text_source
 
-    rules = text_rules(config.data)
-    rows, _ = read_rows(
-        corpus_path(config.data), rules.columns, max_rows=config.data.max_rows,
-        max_chars=rules.max_chars,
-    )  # fmt: skip
-    return rows[config.data.text_column]
+    plan = batch_plan(config)
+    start = DataPosition()
+    tables = local_epoch_tables(
+        text_source(config.data, counter=None), EpochOrder(plan.seed, start.epoch), start
+    )
+    texts: list[str] = []
+    for batch, _ in global_batches(tables, plan, start):
+        texts += batch.column(config.data.text_column).to_pylist()
+    return texts
 
 
 def scratch_dir(parent: str | None, prefix: str) -> str:

@@ -66,5 +66,5 @@ def run(bench: BenchContext) -> None:
         "Speed = real tokens / summed step time (forward, loss, backward, clipping, "
         "optimizer); each variant has its own model and engine, the order rotates every "
         "step. The grouped variant trains on the same sentences, batched by "
-        "LengthGroupedCollator over the whole pool."
+        "data/global_batches.py's length grouping over the whole pool."
     )

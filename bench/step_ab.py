@@ -47,7 +47,8 @@ def step_ab(
     from transformers import AutoTokenizer
 
     from distributed_emb.config import TrainLoopConfig
-    from distributed_emb.data.collate import ContrastiveCollator, LengthGroupedCollator
+    from distributed_emb.data.collate import ContrastiveCollator
+    from distributed_emb.data.global_batches import length_groups
     from distributed_emb.losses.objective import ObjectiveWeights
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
@@ -62,7 +63,10 @@ def step_ab(
     warm = collate({"text": np.array(batches[0], dtype=object)})
     plain = [collate({"text": np.array(t, dtype=object)}) for t in batches[1:]]
     pool = np.array([t for texts in batches[1:] for t in texts], dtype=object)
-    grouped = LengthGroupedCollator(collate, size, seed=0)({"text": pool})
+    # The product's grouping (data/global_batches.py), by characters as for untokenised text.
+    order = np.random.default_rng(0).permutation(len(pool) // size)
+    groups = length_groups(np.array([len(t) for t in pool]), size, order)
+    grouped = [collate({"text": pool[rows]}) for rows in groups]
     inputs = {DEFAULT: plain, BEFORE: plain, GROUPED: grouped, BF16: plain, COMPILED: plain}
     weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
 

@@ -101,7 +101,7 @@ def start_drop_counter():
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     # Ray Data's cluster-wide stats actor is detached and pinned to the node of whichever
     # process first runs a dataset: a Train worker, so a worker node that then never counts
-    # as idle and is never scaled down (tests/cluster/test_autoscaling.py). Created here
+    # as idle and is never scaled down (tests/cluster/test_elastic.py). Created here
     # first, it lives on the driver's node instead.
     get_or_create_stats_actor()
     return ray.remote(num_cpus=0, scheduling_strategy=here)(DropCounter).remote()

@@ -38,8 +38,9 @@ from distributed_emb.data.tokenize import IDS_SUFFIX
 
 log = logging.getLogger(__name__)
 
-AHEAD = 4  # global batches the feeder prepares beyond the slowest rank
+AHEAD = 4  # chunks the feeder prepares beyond the slowest rank
 IN_FLIGHT = 2  # requests a rank keeps open (its prefetch)
+CHUNK_ROWS = 2048  # rows of a rank's share of one chunk of global batches
 
 
 @dataclass(frozen=True)
@@ -126,24 +127,35 @@ def global_batches(
         table = table.append_column("_place", pa.array(places))
         pending.append(table)
         pending_rows += table.num_rows
-        while pending_rows >= pool_rows:
+        # A pool goes once the row after it is known: the position after the pool is that
+        # row's, so a pool that ends with its block resumes at the next block, not by
+        # re-reading a finished one.
+        while pending_rows > pool_rows:
             merged = pa.concat_tables(pending)
             pool, rest = merged.slice(0, pool_rows), merged.slice(pool_rows)
-            yield from _pool_batches(pool, plan, order, start.epoch, taken, skip_batches)
+            after = _first_position(rest, start.epoch, taken + pool_rows)
+            yield from _pool_batches(pool, plan, order, start.epoch, taken, skip_batches, after)
             skip_batches = 0
             taken += pool_rows
             pending, pending_rows = [rest], rest.num_rows
-    if plan.length_group > 1 and pending_rows >= plan.global_batch:
-        # The epoch's last, shorter pool still gives its whole global batches.
+    # The end of the epoch: a last whole pool; with length grouping, a last shorter pool
+    # still gives its whole global batches.
+    if pending_rows >= pool_rows or (plan.length_group > 1 and pending_rows >= plan.global_batch):
         merged = pa.concat_tables(pending)
-        yield from _pool_batches(merged, plan, order, start.epoch, taken, skip_batches)
+        yield from _pool_batches(merged, plan, order, start.epoch, taken, skip_batches, None)
+
+
+def _first_position(rows: pa.Table, epoch: int, taken: int) -> DataPosition:
+    return DataPosition(
+        epoch, int(rows.column(BLOCK)[0].as_py()), int(rows.column("_place")[0].as_py()), taken
+    )
 
 
 def _pool_batches(pool: pa.Table, plan: BatchPlan, order: EpochOrder, epoch: int, taken: int,
-                  skip_batches: int):  # fmt: skip
+                  skip_batches: int, after: DataPosition | None):  # fmt: skip
     """A pool's global batches (one without grouping), each with the position after it:
-    inside the pool, its start and the batches done; after its last batch, just past the
-    pool's last row in stream order (whether or not that block has more rows)."""
+    inside the pool, its start and the batches done; after its last batch, `after` (the next
+    row's), or at the end of the epoch just past the pool's last row."""
     keys, places = pool.column(BLOCK), pool.column("_place")
     first = (int(keys[0].as_py()), int(places[0].as_py()))
     last = (int(keys[-1].as_py()), int(places[-1].as_py()))
@@ -153,7 +165,7 @@ def _pool_batches(pool: pa.Table, plan: BatchPlan, order: EpochOrder, epoch: int
         groups = length_groups(lengths, plan.global_batch, order.pool_batches(taken, count))
         pool = pool.take(pa.array(groups.reshape(-1)))
     pool = pool.drop_columns([BLOCK, "_place"])
-    end = DataPosition(epoch, last[0], last[1] + 1, taken + pool.num_rows)
+    end = after or DataPosition(epoch, last[0], last[1] + 1, taken + pool.num_rows)
     for index in range(skip_batches, count):
         batch = pool.slice(index * plan.global_batch, plan.global_batch)
         if index == count - 1:
@@ -164,19 +176,23 @@ def _pool_batches(pool: pa.Table, plan: BatchPlan, order: EpochOrder, epoch: int
 
 class GlobalBatchFeeder:
     """The actor (see the module docstring). Ranks call `take`; one producer thread per
-    stream start fills a bounded buffer of global batches already split into rank slices."""
+    stream start fills a bounded buffer of chunks: `chunk` consecutive global batches, each
+    rank's slices of them put as one object (one put and one request per rank and chunk,
+    not per batch: at small slices the per-object cost is what limits the rate)."""
 
     def __init__(self, source, plan: BatchPlan, world_size: int):
         self.source = source
         self.plan = plan
         self.world = world_size
+        self.chunk = chunk_batches(plan.global_batch, world_size)
         self.lock = threading.Condition()
         self.streams: dict[tuple, _Stream] = {}
         self.batches_made = 0
 
     def take(self, start: dict, index: int, rank: int):
-        """(ObjectRef of rank's slice of global batch `index` of the stream from `start`, the
-        position after it as a dict), or (None, None) past the end of the epoch."""
+        """(ObjectRef of rank's slices of chunk `index` of the stream from `start`, as one
+        table, and the position after each of its global batches, as dicts), or (None, None)
+        past the end of the epoch."""
         key = tuple(sorted(start.items()))
         with self.lock:
             stream = self.streams.get(key)
@@ -186,13 +202,12 @@ class GlobalBatchFeeder:
                 if stream.error is not None:
                     raise stream.error
                 if index in stream.ready:
-                    refs, position = stream.ready[index]
+                    refs, positions = stream.ready[index]
                     ref, refs[rank] = refs[rank], None
                     if all(r is None for r in refs):
                         del stream.ready[index]
-                        stream.served = max(stream.served, index + 1)
                         self.lock.notify_all()
-                    return ref, position.as_dict()
+                    return ref, [p.as_dict() for p in positions]
                 if stream.done and index >= stream.count:
                     return None, None
                 self.lock.wait()
@@ -212,22 +227,19 @@ class GlobalBatchFeeder:
         return stream
 
     def _produce(self, stream: _Stream, start: DataPosition) -> None:
-        import ray  # startup
-
         try:
             order = EpochOrder(self.plan.seed, start.epoch)
             tables = self.source.epoch_tables(order, start)
+            batches, positions = [], []
             for batch, position in global_batches(tables, self.plan, start):
-                refs = [ray.put(batch.slice(*_span(self.plan, self.world, r))) for r in range(self.world)]
-                with self.lock:
-                    while len(stream.ready) >= AHEAD and not stream.stop:
-                        self.lock.wait()
-                    if stream.stop:
-                        return
-                    stream.ready[stream.count] = (refs, position)
-                    stream.count += 1
-                    self.batches_made += 1
-                    self.lock.notify_all()
+                batches.append(batch)
+                positions.append(position)
+                if len(batches) == self.chunk and not self._put(stream, batches, positions):
+                    return
+                if len(batches) == self.chunk:
+                    batches, positions = [], []
+            if batches and not self._put(stream, batches, positions):
+                return
         except BaseException as error:  # handed to the ranks, which fail the run with it
             log.exception("the data stream failed")
             with self.lock:
@@ -236,17 +248,36 @@ class GlobalBatchFeeder:
             stream.done = True
             self.lock.notify_all()
 
+    def _put(self, stream: _Stream, batches: list, positions: list) -> bool:
+        """Put each rank's slices of `batches` as one object; wait for room in the buffer.
+        False: the stream was dropped."""
+        import ray  # startup
 
-def _span(plan: BatchPlan, world: int, rank: int) -> tuple[int, int]:
-    start, stop = split_rows(plan.global_batch, world, rank)
-    return start, stop - start
+        refs = []
+        for rank in range(self.world):
+            begin, end = split_rows(self.plan.global_batch, self.world, rank)
+            refs.append(ray.put(pa.concat_tables([b.slice(begin, end - begin) for b in batches])))
+        with self.lock:
+            while len(stream.ready) >= AHEAD and not stream.stop:
+                self.lock.wait()
+            if stream.stop:
+                return False
+            stream.ready[stream.count] = (refs, positions)
+            stream.count += 1
+            self.batches_made += len(batches)
+            self.lock.notify_all()
+        return True
+
+
+def chunk_batches(global_batch: int, world_size: int) -> int:
+    """Global batches per chunk: enough that each rank's object holds ~CHUNK_ROWS rows."""
+    return max(1, CHUNK_ROWS // (global_batch // world_size))
 
 
 class _Stream:
     def __init__(self):
         self.ready: dict[int, tuple[list, DataPosition]] = {}
-        self.count = 0  # global batches produced
-        self.served = 0
+        self.count = 0  # chunks produced
         self.done = False
         self.stop = False
         self.error: BaseException | None = None
@@ -291,9 +322,12 @@ class RankStream:
         asked = [self.feeder.take.remote(start_dict, k, self.rank) for k in range(IN_FLIGHT)]
         index = IN_FLIGHT
         while True:
-            ref, position = ray.get(asked.pop(0))
+            ref, positions = ray.get(asked.pop(0))
             if ref is None:
                 return
             asked.append(self.feeder.take.remote(start_dict, index, self.rank))
             index += 1
-            yield ray.get(ref), DataPosition.from_dict(position)
+            rows = ray.get(ref)
+            share = rows.num_rows // len(positions)
+            for k, position in enumerate(positions):
+                yield rows.slice(k * share, share), DataPosition.from_dict(position)

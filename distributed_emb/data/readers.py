@@ -315,8 +315,10 @@ def _line_records(
         yield number, record, "", ""
 
 
-def _table_records(batches: Iterable[pa.RecordBatch], file: SourceFile, rules: RowRules):
-    number = 0
+def _table_records(
+    batches: Iterable[pa.Table], file: SourceFile, rules: RowRules, first: int = 1
+):
+    number = first - 1
     for batch in batches:
         missing = [name for name in rules.required if name not in batch.schema.names]
         if missing:
@@ -335,55 +337,106 @@ def _open(filesystem: pafs.FileSystem, file: SourceFile):
     return filesystem.open_input_stream(file.path, compression=file.compression)
 
 
-def _record_batches(handle, file: SourceFile, rules: RowRules) -> Iterator[pa.RecordBatch]:
-    if file.format == "parquet":
-        parquet = pq.ParquetFile(
-            handle if file.compression is None else pa.BufferReader(handle.read())
-        )
-        present = [name for name in rules.fields if name in parquet.schema_arrow.names]
-        missing = [name for name in rules.required if name not in present]
-        if missing:
-            raise CorpusError(
-                f"{file.path}: no column {missing[0]!r} (columns: {parquet.schema_arrow.names})"
-            )
-        yield from parquet.iter_batches(batch_size=8192, columns=present)
-    else:
-        yield from pa.ipc.open_stream(handle)
+def _parquet(handle, file: SourceFile) -> pq.ParquetFile:
+    return pq.ParquetFile(handle if file.compression is None else pa.BufferReader(handle.read()))
 
 
-def _vectorised_blocks(
-    batches, file: SourceFile, rules, block_rows: int, skip_blocks: int = 0
+def _checked_columns(names: list[str], file: SourceFile, rules: RowRules) -> list[str]:
+    present = [name for name in rules.fields if name in names]
+    missing = [name for name in rules.required if name not in present]
+    if missing:
+        raise CorpusError(f"{file.path}: no column {missing[0]!r} (columns: {names})")
+    return present
+
+
+def parquet_blocks(
+    parquet: pq.ParquetFile, columns: list[str] | None, first_row: int, block_rows: int
 ) -> Iterator[pa.Table]:
-    """Parquet/Arrow batches → parsed blocks without a Python loop over rows; the first
-    `skip_blocks` blocks are counted past, not parsed."""
-    first = 1
-    blocks = 0
-    for batch in batches:
+    """The file's rows from `first_row` on, in tables of exactly `block_rows` rows (the last
+    may be shorter). Only the row groups from the one holding `first_row` are read: a resumed
+    epoch seeks instead of reading past what it trained."""
+    metadata = parquet.metadata
+    group, group_start = 0, 0
+    while group < metadata.num_row_groups:
+        rows = metadata.row_group(group).num_rows
+        if group_start + rows > first_row:
+            break
+        group_start += rows
+        group += 1
+    if group == metadata.num_row_groups:
+        return
+    drop = first_row - group_start
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    for batch in parquet.iter_batches(
+        batch_size=block_rows, row_groups=range(group, metadata.num_row_groups), columns=columns
+    ):
         table = pa.Table.from_batches([batch])
-        missing = [name for name in rules.required if name not in table.column_names]
+        if drop:
+            cut = min(drop, table.num_rows)
+            table, drop = table.slice(cut), drop - cut
+        pending.append(table)
+        pending_rows += table.num_rows
+        while pending_rows >= block_rows:
+            merged = pa.concat_tables(pending)
+            yield merged.slice(0, block_rows)
+            rest = merged.slice(block_rows)
+            pending, pending_rows = [rest], rest.num_rows
+    if pending_rows:
+        yield pa.concat_tables(pending)
+
+
+def _table_blocks(
+    handle, file: SourceFile, rules: RowRules, block_rows: int, first_row: int = 0
+) -> Iterator[pa.Table]:
+    """A Parquet or Arrow file's wanted columns from `first_row` on, in `block_rows`-row
+    tables."""
+    if file.format == "parquet":
+        parquet = _parquet(handle, file)
+        columns = _checked_columns(parquet.schema_arrow.names, file, rules)
+        yield from parquet_blocks(parquet, columns, first_row, block_rows)
+        return
+    # Arrow IPC streams cannot seek: rows before `first_row` are read past.
+    pending: list[pa.Table] = []
+    pending_rows, drop = 0, first_row
+    for batch in pa.ipc.open_stream(handle):
+        table = pa.Table.from_batches([batch])
+        if drop:
+            cut = min(drop, table.num_rows)
+            table, drop = table.slice(cut), drop - cut
+        pending.append(table)
+        pending_rows += table.num_rows
+        while pending_rows >= block_rows:
+            merged = pa.concat_tables(pending)
+            yield merged.slice(0, block_rows)
+            rest = merged.slice(block_rows)
+            pending, pending_rows = [rest], rest.num_rows
+    if pending_rows:
+        yield pa.concat_tables(pending)
+
+
+def _vectorised_blocks(tables, file: SourceFile, rules, first: int) -> Iterator[pa.Table]:
+    """Parquet/Arrow tables → parsed blocks without a Python loop over rows; rows numbered
+    from `first`."""
+    for part in tables:
+        missing = [name for name in rules.required if name not in part.column_names]
         if missing:
             raise CorpusError(
-                f"{file.path}: no column {missing[0]!r} (columns: {table.column_names})"
+                f"{file.path}: no column {missing[0]!r} (columns: {part.column_names})"
             )
-        for start in range(0, table.num_rows, block_rows):
-            part = table.slice(start, block_rows)
-            blocks += 1
-            if blocks <= skip_blocks:
-                first += part.num_rows
-                continue
-            values, reasons, details = rules.normalise_arrow(part)
-            numbers = np.arange(first, first + part.num_rows, dtype=np.int64)
-            first += part.num_rows
-            dropped = np.flatnonzero(reasons != "")
-            wheres = np.full(part.num_rows, None, dtype=object)
-            for index in dropped:
-                where = f"{file.path}:row {numbers[index]}"
-                wheres[index] = f"{where}: {details[index]}" if details[index] else where
-            yield (
-                values.append_column(ROW_ID, pa.array((file.index << FILE_BITS) | numbers))
-                .append_column(DROP, pa.array(reasons.astype(str)))
-                .append_column(WHERE, pa.array(wheres, pa.string()))
-            )
+        values, reasons, details = rules.normalise_arrow(part)
+        numbers = np.arange(first, first + part.num_rows, dtype=np.int64)
+        first += part.num_rows
+        dropped = np.flatnonzero(reasons != "")
+        wheres = np.full(part.num_rows, None, dtype=object)
+        for index in dropped:
+            where = f"{file.path}:row {numbers[index]}"
+            wheres[index] = f"{where}: {details[index]}" if details[index] else where
+        yield (
+            values.append_column(ROW_ID, pa.array((file.index << FILE_BITS) | numbers))
+            .append_column(DROP, pa.array(reasons.astype(str)))
+            .append_column(WHERE, pa.array(wheres, pa.string()))
+        )
 
 
 def read_file_blocks(
@@ -395,39 +448,34 @@ def read_file_blocks(
 ) -> Iterator[pa.Table]:
     """Parsed blocks of one file: the kept columns of `rules` plus ROW_ID, DROP and WHERE.
 
-    Block bounds depend on the file alone (`block_rows` lines or rows; a Parquet record batch
-    is never split across blocks), so block b of a file is the same rows in every read.
-    `skip_blocks`: leading blocks read past without parsing (a resumed epoch, data/epoch_order.py).
+    Block b is the file's lines or rows [b·block_rows, (b+1)·block_rows): the file alone
+    fixes it, so it is the same rows in every read. `skip_blocks`: leading blocks not parsed
+    (a resumed epoch, data/epoch_order.py); Parquet seeks to the row group holding the first
+    row wanted, text and Arrow streams read past the skipped lines without decoding them.
     """
     text_field = rules.fields[0] if len(rules.fields) == 1 else None
     with _open(filesystem, file) as handle:
+        first_row = skip_blocks * block_rows
         if getattr(rules, "stored", False):
-            batches = pq.ParquetFile(handle).iter_batches(batch_size=block_rows)
-            for batch in itertools.islice(batches, skip_blocks, None):
-                yield pa.Table.from_batches([batch])
+            yield from parquet_blocks(_parquet(handle, file), None, first_row, block_rows)
             return
         if file.format in ("parquet", "arrow") and hasattr(rules, "normalise_arrow"):
-            yield from _vectorised_blocks(
-                _record_batches(handle, file, rules), file, rules, block_rows, skip_blocks
-            )
+            tables = _table_blocks(handle, file, rules, block_rows, first_row)
+            yield from _vectorised_blocks(tables, file, rules, first_row + 1)
             return
-        skipped_records = skip_blocks * block_rows
         if file.format in ("txt", "jsonl"):
             lines = iter_lines(handle.read, 4 * rules.max_chars + 4)
             # Whole lines past, undecoded: one line is one record.
-            for _ in itertools.islice(lines, skipped_records):
+            for _ in itertools.islice(lines, first_row):
                 pass
-            records = _line_records(lines, file, text_field, first=skipped_records + 1)
-            skipped_records = 0
+            records = _line_records(lines, file, text_field, first=first_row + 1)
             label = ""
         else:
-            records = _table_records(_record_batches(handle, file, rules), file, rules)
+            tables = _table_blocks(handle, file, rules, block_rows, first_row)
+            records = _table_records(tables, file, rules, first=first_row + 1)
             label = "row "
         rows: list[tuple[int, dict | None, str, str]] = []
         for number, record, reason, detail in records:
-            if skipped_records:
-                skipped_records -= 1
-                continue
             if record is not None:
                 values, reason, detail = rules.normalise(record)
                 record = values

@@ -187,3 +187,33 @@ def test_vectorised_parquet_rules_equal_the_per_row_rules():
         assert got == (expected or dict.fromkeys(rules.fields)), (index, record)
     numbers = TextRows(["text"]).normalise_arrow(pa.table({"text": [1, None]}))[1]
     assert list(numbers) == ["not_text:text", "empty"]
+
+
+@pytest.mark.parametrize("suffix", ["txt", "jsonl.gz", "parquet", "arrow"])
+def test_a_resumed_read_starts_at_its_block_and_reads_the_same_rows(tmp_path, suffix):
+    from distributed_emb.data.readers import read_file_blocks
+
+    texts = [f"sentence {n}" if n % 7 else "" for n in range(1, 96)]  # some rows dropped
+    path = tmp_path / f"corpus.{suffix}"
+    if suffix == "txt":
+        path.write_text("\n".join(texts) + "\n")
+    elif suffix == "jsonl.gz":
+        path.write_bytes(gzip.compress("\n".join(json.dumps({"text": t}) for t in texts).encode()))
+    elif suffix == "parquet":  # several row groups, not aligned with the blocks
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=17)
+    else:
+        with pa.ipc.new_stream(str(path), pa.schema([("text", pa.string())])) as writer:
+            for start in range(0, len(texts), 23):
+                writer.write_table(pa.table({"text": texts[start : start + 23]}))
+    files = resolve_sources(str(path))
+    (file,), (filesystem,) = files.files, files.filesystems
+
+    def blocks(skip):
+        return [
+            b.to_pylist() for b in read_file_blocks(filesystem, file, TextRows(["text"]), 10, skip)
+        ]
+
+    whole = blocks(0)
+    assert len(whole) == 10 and all(len(b) == 10 for b in whole[:-1])
+    for skip in (1, 4, 9, 10):
+        assert blocks(skip) == whole[skip:], skip
