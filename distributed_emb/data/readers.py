@@ -365,12 +365,18 @@ def parquet_blocks(
         group += 1
     if group == metadata.num_row_groups:
         return
-    drop = first_row - group_start
+    batches = parquet.iter_batches(
+        batch_size=block_rows, row_groups=range(group, metadata.num_row_groups), columns=columns
+    )
+    yield from exact_blocks(batches, first_row - group_start, block_rows)
+
+
+def exact_blocks(batches, drop: int, block_rows: int) -> Iterator[pa.Table]:
+    """Record batches of any sizes → tables of exactly `block_rows` rows (the last may be
+    shorter), leaving out the first `drop` rows."""
     pending: list[pa.Table] = []
     pending_rows = 0
-    for batch in parquet.iter_batches(
-        batch_size=block_rows, row_groups=range(group, metadata.num_row_groups), columns=columns
-    ):
+    for batch in batches:
         table = pa.Table.from_batches([batch])
         if drop:
             cut = min(drop, table.num_rows)
@@ -397,22 +403,7 @@ def _table_blocks(
         yield from parquet_blocks(parquet, columns, first_row, block_rows)
         return
     # Arrow IPC streams cannot seek: rows before `first_row` are read past.
-    pending: list[pa.Table] = []
-    pending_rows, drop = 0, first_row
-    for batch in pa.ipc.open_stream(handle):
-        table = pa.Table.from_batches([batch])
-        if drop:
-            cut = min(drop, table.num_rows)
-            table, drop = table.slice(cut), drop - cut
-        pending.append(table)
-        pending_rows += table.num_rows
-        while pending_rows >= block_rows:
-            merged = pa.concat_tables(pending)
-            yield merged.slice(0, block_rows)
-            rest = merged.slice(block_rows)
-            pending, pending_rows = [rest], rest.num_rows
-    if pending_rows:
-        yield pa.concat_tables(pending)
+    yield from exact_blocks(pa.ipc.open_stream(handle), first_row, block_rows)
 
 
 def _vectorised_blocks(tables, file: SourceFile, rules, first: int) -> Iterator[pa.Table]:
