@@ -61,7 +61,7 @@ FULL = {
     "resume_rows": 200_000,
 }
 QUICK = {
-    "rows": 50_000,
+    "rows": 16_000,
     "shards": 8,
     "resume_at": [1_000, 20_000],
     "resume_shard_rows": 1_000,

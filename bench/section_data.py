@@ -33,13 +33,13 @@ def run(
 
     read_rate = timing.rows / timing.read_s
     table.add(
-        f"read + clean corpus ({timing.rows:,} rows, driver)",
+        f"read + clean corpus ({timing.rows:,} rows, Ray Data tasks)",
         read_rate,
         headroom(read_rate),
         "–",
     )
     table.add(
-        "Ray Data iter_torch_batches + collate (1 consumer)",
+        "feeder slices + collate (1 rank)",
         timing.iterate_sentences_per_s,
         headroom(timing.iterate_sentences_per_s),
         "–",

@@ -14,6 +14,9 @@ run: it interrupts the driver's main thread (Ray Train's own Ctrl-C path, which 
 controller and frees the workers), and `run_training` raises `StallError` with that message.
 A slow but healthy run never trips it: its tasks wait seconds, not minutes, and a new task
 restarts no clock. Waiting that changes identity every few seconds is progress, not a stall.
+An elastic group (`train.num_workers=[min, max]`) asks for the workers beyond those that fit
+through Ray Train's autoscaling request, not a placement group that waits, so a cluster that
+never reaches `max` is not a stall; a group that cannot place even the workers it chose is.
 """
 
 from __future__ import annotations

@@ -50,9 +50,9 @@ from distributed_emb.paths import shipped_corpus
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 60
+STEPS = 24
 GLOBAL_BATCH = 16  # train.batch_size 8 × at most 2 workers
-STEPS_AT_TWO = 3  # steps the grown group trains before its node is killed
+STEPS_AT_TWO = 2  # steps the grown group trains before its node is killed
 
 
 def job_runtime_env(extra_env: dict[str, str]) -> str:

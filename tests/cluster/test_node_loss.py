@@ -1,10 +1,8 @@
 """Whole worker nodes lost mid-run (preempted spot instances), on one multi-node cluster in
-this process (`ray.cluster_utils.Cluster`) shared by three scenarios:
+this process (`ray.cluster_utils.Cluster`) shared by two scenarios (a Train run losing a node
+is tests/cluster/test_elastic.py: restored from the S3 checkpoint onto the nodes left, every
+surviving step checked against the reference order):
 
-- Ray Train: restores from the last checkpoint on the S3-protocol storage path onto a
-  replacement node, finishes its planned steps, `restarts` counts the loss, and within the
-  epoch no row is trained twice or skipped apart from the rolled-back steps (each rank's row
-  log, output.row_log).
 - InfoCSE annotation: the annotation actors run on different nodes; a node lost while they
   work (its actor and the annotated blocks in its object store gone) leaves the mined pairs
   identical, row for row and in order, to an undisturbed run.
@@ -17,7 +15,7 @@ node) plus a CPU for Ray Data. The third, idle node stands in for the replacemen
 autoscaler would start after a spot loss (that start is what test_elastic.py covers;
 `Cluster.add_node` cannot be called from a second thread while this process's driver
 trains: it hung there). Between scenarios a fresh node replaces the one removed, so each
-scenario starts from three worker nodes. One cluster for all three saves its start-up and the
+scenario starts from three worker nodes. One cluster for both saves its start-up and the
 first import of torch in each node's workers (about a minute on 2 cores).
 """
 
@@ -31,8 +29,6 @@ from pathlib import Path
 import psutil
 import pytest
 from harness.autoscaling_cluster import Timeline
-from harness.feeder import reference_batches
-from harness.row_log import kept_steps, resumed_from, row_log_records
 from harness.ray_head import free_ports
 
 from distributed_emb.config import TrainingConfig, load_config
@@ -107,136 +103,15 @@ def _actors(class_name: str) -> list:
     return [actor for actor in alive if class_name in actor.class_name]
 
 
+def _raylet_pid(node) -> int:
+    return node.all_processes["raylet"][0].process.pid
+
+
 def small_corpus(tmp_path: Path, rows: int = 400) -> Path:
     corpus = tmp_path / "corpus.txt"
     lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:rows]
     corpus.write_text("\n".join(lines) + "\n")
     return corpus
-
-
-# ---------------------------------------------------------------------------------------------
-# Ray Train
-# ---------------------------------------------------------------------------------------------
-
-STEPS = 12
-
-
-def _raylet_pid(node) -> int:
-    return node.all_processes["raylet"][0].process.pid
-
-
-def _train_worker_nodes(nodes: list) -> list:
-    """The nodes (of `nodes`) that run a RayTrainWorker process now."""
-    raylets = {_raylet_pid(node): node for node in nodes}
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "RayTrainWorker" not in " ".join(process.info["cmdline"] or []):
-            continue
-        try:
-            for parent in process.parents():
-                if parent.pid in raylets and raylets[parent.pid] not in found:
-                    found.append(raylets[parent.pid])
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def _max_logged_step(row_logs: Path) -> int:
-    steps = [
-        json.loads(line)["step"]
-        for path in row_logs.glob("rank*.jsonl")
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
-    return max(steps, default=-1)
-
-
-def _lose_a_train_node(cluster, row_logs: Path, after_step: int, timeline: Timeline, stop):
-    """Once a rank has trained past `after_step` (the checkpoints before it are registered by
-    then), remove a node running a Train worker; then note when a Train worker runs on the
-    node that was idle until then (the replacement)."""
-    while not stop.is_set():
-        if _max_logged_step(row_logs) > after_step:
-            break
-        stop.wait(0.2)
-    else:
-        return
-    busy = _train_worker_nodes(list(cluster.worker_nodes))
-    idle = [node for node in cluster.worker_nodes if node not in busy]
-    if not busy or not idle:
-        timeline.add(f"cannot stage the loss: {len(busy)} busy, {len(idle)} idle nodes")
-        return
-    cluster.remove_node(busy[0])
-    timeline.add(f"node removed (a rank had trained past step {after_step})")
-    while not stop.is_set():
-        if _train_worker_nodes(idle):
-            timeline.add("Train worker group restored: a worker runs on the replacement node")
-            return
-        stop.wait(0.5)
-
-
-def test_train_node_lost_mid_run_restores_on_a_replacement_node(
-    cluster, tmp_path, tiny_bert_path, s3
-):
-    from distributed_emb.train.trainer import run_training
-
-    bucket = s3.create_bucket(f"runs-{secrets.token_hex(3)}")
-    output = tmp_path / "run"
-    config = load_config(
-        TrainingConfig,
-        str(REPO / "jobs" / "configs" / "informin_tiny.yaml"),
-        [
-            f"model.path={tiny_bert_path}",
-            f"data.path={small_corpus(tmp_path)}",
-            "data.max_rows=null",
-            f"train.max_steps={STEPS}",
-            "train.cpus_per_worker=2",
-            "train.max_failures=1",
-            "eval.eval_steps=2",
-            "eval.max_pairs=16",
-            "output.checkpoints_to_keep=3",
-            "output.row_log=true",
-            f"output.storage_path={bucket}/runs",
-            "output.run_name=node-loss",
-            f"output.dir={output}",
-        ],
-    )
-    timeline = Timeline()
-    timeline.add(f"head + {len(cluster.worker_nodes)} worker nodes up")
-    stop = threading.Event()
-    loser = threading.Thread(
-        target=_lose_a_train_node,
-        args=(cluster, output / "trained_rows", 6, timeline, stop),
-        daemon=True,
-    )
-    loser.start()
-    try:
-        result = run_training(config)
-    finally:
-        stop.set()
-        loser.join(timeout=60)
-    timeline.add("run finished")
-    print(f"Train node-loss timeline:\n{timeline}")
-
-    assert timeline.has("node removed"), f"no node was removed:\n{timeline}"
-    assert timeline.has("Train worker group restored"), str(timeline)
-    metrics = result.metrics
-    assert metrics["restarts"] == 1
-    assert metrics["steps"] == STEPS
-    assert [row["step"] for row in metrics["history"]] == list(range(0, STEPS + 1, 2))
-    assert metrics["sentences_seen"] == STEPS * 16  # 2 ranks × batch 8
-    assert metrics["model_uri"] == f"{bucket}/runs/node-loss/model"
-    assert s3.keys(bucket.removeprefix("s3://"), "runs/node-loss/model/config.json")
-
-    # Exact resume, read back from what each rank actually trained: the surviving steps are
-    # the epoch's global batches in order, none twice, none skipped.
-    records = row_log_records(output)
-    (resumed,) = resumed_from(records).values()
-    assert resumed >= 2 and resumed % 2 == 0, resumed  # a checkpoint step
-    steps = kept_steps(records)
-    expected = reference_batches(config)
-    assert [sorted(rows) for rows in steps.values()] == [sorted(b) for b in expected[:STEPS]]
-    print(f"resumed from step {resumed}")
 
 
 # ---------------------------------------------------------------------------------------------
