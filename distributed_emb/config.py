@@ -777,7 +777,9 @@ class TrainingConfig:
                 "drop the teacher",
             )
         validate_worker_counts(t)
-        require_range(t.elastic_resize_interval_s, "train.elastic_resize_interval_s", 0, low_open=True)
+        require_range(
+            t.elastic_resize_interval_s, "train.elastic_resize_interval_s", 0, low_open=True
+        )
         require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
         require_range(t.batch_size, "train.batch_size", 2, why="in-batch negatives")
         require_range(

@@ -2,8 +2,8 @@
 
 The driver only lists the files (data/sources.py). Reading, parsing and cleaning run as Ray
 Data tasks (data/readers.py); training consumes one stream of global batches
-(data/stream.py, data/global_batches.py), so a corpus of any size starts training as soon as its first block is
-read, and nothing of it passes through the driver.
+(data/stream.py, data/global_batches.py), so a corpus of any size starts training as soon
+as its first block is read, and nothing of it passes through the driver.
 
 Drop counts: each cleaning task counts its block's rows by reason and hands the counts to one
 small actor (`DropCounter`) under the block's first row id. A block read again (the next
@@ -31,7 +31,6 @@ from distributed_emb.data.readers import (
     WHERE,
     DropReport,
     TextRows,
-    corpus_datasource,
     iter_parsed_blocks,
 )
 from distributed_emb.data.sources import CorpusError, is_hub_name, is_remote, resolve_sources
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 
 STREAM_BLOCK_BYTES = 4 * 1024**2
 
-__all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows", "training_dataset"]
+__all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows"]
 
 
 def corpus_columns(data_config) -> list[str]:
@@ -114,8 +113,8 @@ def collect_report(counter) -> DropReport:
 
 
 class KeepCleanRows:
-    """Ray Data stage: count a parsed block's rows by reason (sent to the DropCounter) and pass
-    on only the kept rows, with their row ids."""
+    """Ray Data stage: count a parsed block's rows by reason (sent to the DropCounter, when
+    there is one) and pass on only the kept rows, with their row ids."""
 
     def __init__(self, counter):
         self.counter = counter
@@ -127,9 +126,10 @@ class KeepCleanRows:
         bookkeeping = [c for c in (DROP, WHERE, "_blank_sentences") if c in block.column_names]
         if block.num_rows == 0:
             return block.drop_columns(bookkeeping)
-        report = DropReport.of_block(block)
-        key = int(pc.min(block.column(ROW_ID)).as_py())
-        ray.get(self.counter.add.remote(key, report.as_dict()))
+        if self.counter is not None:
+            report = DropReport.of_block(block)
+            key = int(pc.min(block.column(ROW_ID)).as_py())
+            ray.get(self.counter.add.remote(key, report.as_dict()))
         kept = block.filter(pc.equal(block.column(DROP), ""))
         return kept.drop_columns(bookkeeping)
 
@@ -169,35 +169,6 @@ class KeepFirstCopies:
             ray.get(self.counter.add.remote(key, report.as_dict()))
         kept = block.take(pa.array(np.sort(order[first])))
         return kept.drop_columns(["_text_key"])
-
-
-def training_dataset(data_config, counter):
-    """The clean training corpus as a lazy Ray Dataset {columns..., _row_id}.
-
-    Nothing is read here: reading starts when training (or `count()`) consumes the stream."""
-    import ray  # startup
-
-    files = resolve_sources(corpus_path(data_config), data_config.hf_split)
-    rules = text_rules(data_config)
-    log.info("corpus: %s", files.describe())
-    dataset = ray.data.read_datasource(corpus_datasource(files, rules, data_config.block_rows))
-    # Small blocks reach the workers as soon as they are read: with Ray Data's default (128
-    # MiB) a 1M-sentence shard is buffered whole before its first row moves on.
-    dataset.context.target_max_block_size = STREAM_BLOCK_BYTES
-    dataset = dataset.map_batches(KeepCleanRows(counter), batch_size=None, batch_format="pyarrow")
-    if data_config.deduplicate:
-        columns = rules.fields
-        dataset = dataset.map_batches(
-            _with_text_key, fn_kwargs={"columns": columns}, batch_size=None, batch_format="pyarrow"
-        )
-        partitions = max(1, data_config.dedup_partitions)
-        dataset = dataset.repartition(partitions, keys=["_text_key"])
-        dataset = dataset.map_batches(
-            KeepFirstCopies(counter), batch_size=None, batch_format="pyarrow"
-        )
-    if data_config.max_rows is not None:
-        dataset = dataset.limit(data_config.max_rows)
-    return dataset
 
 
 SMALL_CORPUS_BYTES = 64 * 1024**2
@@ -249,8 +220,8 @@ def read_rows(
 ) -> tuple[dict[str, list[str]], DropReport]:
     """Clean rows of `columns` in file order, plus the drop report, read in this process.
 
-    Same files, rules and counts as the Ray path (`training_dataset`); for inputs small enough
-    for one process (MCR² pair tables, tests)."""
+    Same files, rules and counts as the Ray path (data/stream.py `training_dataset`); for
+    inputs small enough for one process (MCR² pair tables, tests)."""
     rules = TextRows(columns or ["text"], group_column, max_chars)
     report = DropReport()
     kept: dict[str, list[str]] = {name: [] for name in rules.fields}

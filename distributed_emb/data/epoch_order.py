@@ -65,9 +65,6 @@ class DataPosition:
     def from_dict(cls, values: dict | None) -> DataPosition:
         return cls(**values) if values else cls()
 
-    def next_epoch(self) -> DataPosition:
-        return DataPosition(epoch=self.epoch + 1)
-
 
 @dataclass(frozen=True)
 class EpochOrder:
@@ -98,9 +95,36 @@ class EpochOrder:
         first), drawn from where the pool starts in the epoch."""
         if not self.shuffled:
             return np.arange(count)
-        return np.random.default_rng([self.seed, self.epoch, 2, pool_start_rows]).permutation(
-            count
-        )
+        return np.random.default_rng([self.seed, self.epoch, 2, pool_start_rows]).permutation(count)
+
+
+def read_plan(order: EpochOrder | None, units: int, start_block: int = 0) -> list[tuple]:
+    """(unit index, its ordinal this epoch, source blocks to skip in it) for every unit the
+    epoch still reads from `start_block` on; `order` None: every unit, in listing order."""
+    if order is None:
+        return [(unit, unit, 0) for unit in range(units)]
+    first_unit, first_block = split_block_key(start_block)
+    return [
+        (int(unit), ordinal, first_block if ordinal == first_unit else 0)
+        for ordinal, unit in enumerate(order.units(units))
+        if ordinal >= first_unit
+    ]
+
+
+def places_in_blocks(keys: np.ndarray, last_key: int | None, last_count: int) -> np.ndarray:
+    """For rows in stream order with block keys `keys` (non-decreasing), each row's index
+    among its block's rows; `last_key`/`last_count`: the block the previous rows ended in and
+    how many of its rows they held."""
+    if len(keys) == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.empty(len(keys), dtype=bool)
+    starts[0] = True
+    starts[1:] = keys[1:] != keys[:-1]
+    run_starts = np.flatnonzero(starts)
+    places = np.arange(len(keys)) - run_starts[np.cumsum(starts) - 1]
+    if last_key is not None and keys[0] == last_key:
+        places[: run_starts[1] if len(run_starts) > 1 else len(keys)] += last_count
+    return places.astype(np.int64)
 
 
 def ordered_block(

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from distributed_emb.data.epoch_order import BLOCK, DataPosition, EpochOrder
+from distributed_emb.data.epoch_order import BLOCK, DataPosition, EpochOrder, places_in_blocks
 from distributed_emb.data.tokenize import IDS_SUFFIX
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,6 @@ def global_batches(
 ) -> Iterator[tuple[pa.Table, DataPosition]]:
     """(global batch, position after it) in order, from `start`: the single-process reference
     of what the feeder serves (the feeder runs exactly this)."""
-    from distributed_emb.data.stream import places_in_blocks
-
     order = EpochOrder(plan.seed, start.epoch)
     pool_rows = plan.global_batch * plan.length_group
     pending: list[pa.Table] = []
@@ -187,7 +185,6 @@ class GlobalBatchFeeder:
         self.chunk = chunk_batches(plan.global_batch, world_size)
         self.lock = threading.Condition()
         self.streams: dict[tuple, _Stream] = {}
-        self.batches_made = 0
 
     def take(self, start: dict, index: int, rank: int):
         """(ObjectRef of rank's slices of chunk `index` of the stream from `start`, as one
@@ -211,11 +208,6 @@ class GlobalBatchFeeder:
                 if stream.done and index >= stream.count:
                     return None, None
                 self.lock.wait()
-
-    def rows_delivered(self) -> int:
-        """Rows this feeder cut into global batches, every stream together."""
-        with self.lock:
-            return self.batches_made * self.plan.global_batch
 
     def _start(self, key: tuple, start: DataPosition) -> _Stream:
         # Ranks move in lock step: at most the previous stream still gets late requests.
@@ -264,7 +256,6 @@ class GlobalBatchFeeder:
                 return False
             stream.ready[stream.count] = (refs, positions)
             stream.count += 1
-            self.batches_made += len(batches)
             self.lock.notify_all()
         return True
 
@@ -302,12 +293,16 @@ class RankStream:
         if rank == 0:
             name = f"feeder-{uuid.uuid4().hex[:12]}"
             here = ray.get_runtime_context().get_node_id()
-            feeder = ray.remote(GlobalBatchFeeder).options(
-                name=name,
-                num_cpus=0,
-                max_concurrency=IN_FLIGHT * world_size + 4,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
-            ).remote(source, plan, world_size)
+            feeder = (
+                ray.remote(GlobalBatchFeeder)
+                .options(
+                    name=name,
+                    num_cpus=0,
+                    max_concurrency=IN_FLIGHT * world_size + 4,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+                )
+                .remote(source, plan, world_size)
+            )
             ray.get(feeder.__ray_ready__.remote())  # registered under its name before lookups
         name = distributed.broadcast_object(name)
         # Rank 0 keeps the creating handle: the actor lives as long as it does.

@@ -279,9 +279,7 @@ def iter_lines(read: Any, max_line_bytes: int, chunk_bytes: int = 1 << 20) -> It
             return
 
 
-def _line_records(
-    lines: Iterable[Any], file: SourceFile, text_field: str | None, first: int = 1
-):
+def _line_records(lines: Iterable[Any], file: SourceFile, text_field: str | None, first: int = 1):
     """(number, record | None, reason, detail) for each line of a txt or jsonl file, the first
     numbered `first`."""
     for number, raw in enumerate(lines, start=first):
@@ -315,9 +313,7 @@ def _line_records(
         yield number, record, "", ""
 
 
-def _table_records(
-    batches: Iterable[pa.Table], file: SourceFile, rules: RowRules, first: int = 1
-):
+def _table_records(batches: Iterable[pa.Table], file: SourceFile, rules: RowRules, first: int = 1):
     number = first - 1
     for batch in batches:
         missing = [name for name in rules.required if name not in batch.schema.names]
@@ -505,6 +501,22 @@ def iter_parsed_blocks(files: CorpusFiles, rules: RowRules, block_rows: int = 10
 # ---------------------------------------------------------------------------------------------
 
 
+def read_unit_blocks(
+    filesystem, file, rules, block_rows, order, unit, ordinal, skip, with_sequence=False
+) -> Iterator[pa.Table]:
+    """One file's parsed blocks from block `skip` on, as an epoch reads them (`order`, see
+    data/epoch_order.py: rows shuffled and tagged with their block's key), or as they are
+    (`order` None). What a read task runs, and the in-process reference too."""
+    from distributed_emb.data.epoch_order import ordered_block
+
+    blocks = read_file_blocks(filesystem, file, rules, block_rows, skip)
+    if order is None:
+        yield from blocks
+        return
+    for number, block in enumerate(blocks, start=skip):
+        yield ordered_block(block, order, unit, ordinal, number, with_sequence)
+
+
 def corpus_datasource(
     files: CorpusFiles,
     rules: RowRules,
@@ -524,18 +536,9 @@ def corpus_datasource(
     from ray.data.block import BlockMetadata  # startup
     from ray.data.datasource import Datasource, ReadTask  # startup
 
-    from distributed_emb.data.epoch_order import ordered_block, split_block_key
+    from distributed_emb.data.epoch_order import read_plan
 
-    if order is None:
-        plan = [(index, index, 0) for index in range(len(files.files))]
-    else:
-        first_unit, first_block = split_block_key(start_block)
-        units = order.units(len(files.files))
-        plan = [
-            (int(unit), ordinal, first_block if ordinal == first_unit else 0)
-            for ordinal, unit in enumerate(units)
-            if ordinal >= first_unit
-        ]
+    plan = read_plan(order, len(files.files), start_block)
 
     class CorpusDatasource(Datasource):
         def estimate_inmemory_data_size(self) -> int | None:
@@ -550,12 +553,10 @@ def corpus_datasource(
                 )
 
                 def read(file=file, filesystem=filesystem, unit=unit, ordinal=ordinal, skip=skip):
-                    blocks = read_file_blocks(filesystem, file, rules, block_rows, skip)
-                    if order is None:
-                        yield from blocks
-                        return
-                    for number, block in enumerate(blocks, start=skip):
-                        yield ordered_block(block, order, unit, ordinal, number, with_sequence)
+                    yield from read_unit_blocks(
+                        filesystem, file, rules, block_rows, order, unit, ordinal, skip,
+                        with_sequence,
+                    )  # fmt: skip
 
                 tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
             return tasks

@@ -16,11 +16,11 @@ Sources:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -40,7 +40,7 @@ from distributed_emb.data.epoch_order import (
     DataPosition,
     EpochOrder,
     ordered_block,
-    split_block_key,
+    read_plan,
 )
 from distributed_emb.data.readers import (
     DROP,
@@ -48,11 +48,12 @@ from distributed_emb.data.readers import (
     RowRules,
     StoredRows,
     corpus_datasource,
-    read_file_blocks,
+    read_unit_blocks,
 )
 from distributed_emb.data.sources import CorpusFiles, resolve_sources
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class FileSource:
@@ -61,26 +62,36 @@ class FileSource:
     files: CorpusFiles
     rules: RowRules
     block_rows: int
-    counter: object | None = None  # the DropCounter actor; None: rows come pre-cleaned
+    counter: object | None = None  # the DropCounter actor that counts the cleaning's drops
     stages: list[dict] = field(default_factory=list)  # map_batches arguments after cleaning
     deduplicate: bool = False
     dedup_partitions: int = 16
 
-    def dataset(self, order: EpochOrder, start: DataPosition):
-        """The epoch's rows from `start`'s block on, as a lazy Ray Dataset in order."""
+    @property
+    def cleans(self) -> bool:
+        """Text rows are cleaned (and counted); stored shards were cleaned when written."""
+        return not getattr(self.rules, "stored", False)
+
+    def dataset(self, order: EpochOrder | None, start: DataPosition | None = None):
+        """The epoch's rows from `start`'s block on, as a lazy Ray Dataset in order; `order`
+        None: the files as listed, rows as read, untagged (one pass: counting, the token
+        cache's build)."""
         import ray  # startup
 
         # De-duplication keeps a row's first copy in the whole corpus: it must see every
         # file, so a resumed epoch reads from the start and the feeder skips by position.
-        first_block = 0 if self.deduplicate else start.block
+        first_block = 0 if self.deduplicate or start is None else start.block
+        with_sequence = self.deduplicate and order is not None
         source = corpus_datasource(
-            self.files, self.rules, self.block_rows, order, first_block, self.deduplicate
+            self.files, self.rules, self.block_rows, order, first_block, with_sequence
         )
         dataset = ray.data.read_datasource(source)
         context = dataset.context
+        # Small blocks reach the consumer as soon as they are read: with Ray Data's default
+        # (128 MiB) a 1M-sentence shard is buffered whole before its first row moves on.
         context.target_max_block_size = STREAM_BLOCK_BYTES
         context.execution_options.preserve_order = True  # the order is the point
-        if self.counter is not None:
+        if self.cleans:
             dataset = dataset.map_batches(
                 KeepCleanRows(self.counter), batch_size=None, batch_format="pyarrow"
             )
@@ -95,8 +106,8 @@ class FileSource:
             dataset = dataset.map_batches(
                 KeepFirstCopies(self.counter), batch_size=None, batch_format="pyarrow"
             )
-            # The hash partitioning scattered the order: put it back.
-            dataset = dataset.sort([BLOCK, SEQUENCE]).drop_columns([SEQUENCE])
+            if with_sequence:  # the hash partitioning scattered the order: put it back
+                dataset = dataset.sort([BLOCK, SEQUENCE]).drop_columns([SEQUENCE])
         for stage in self.stages:
             stage = dict(stage)
             dataset = dataset.map_batches(stage.pop("fn"), **stage)
@@ -112,17 +123,12 @@ def local_epoch_tables(
 ) -> Iterator[pa.Table]:
     """FileSource's epoch (before its stages), read in this process without Ray: the
     single-process reference the Ray path is tested against. No de-duplication."""
-    first_unit, first_block = split_block_key(start.block)
-    for ordinal, unit in enumerate(order.units(len(source.files.files))):
-        if ordinal < first_unit:
-            continue
-        unit = int(unit)
-        skip = first_block if ordinal == first_unit else 0
+    for unit, ordinal, skip in read_plan(order, len(source.files.files), start.block):
         file, filesystem = source.files.files[unit], source.files.filesystems[unit]
-        blocks = read_file_blocks(filesystem, file, source.rules, source.block_rows, skip)
-        for number, block in enumerate(blocks, start=skip):
-            block = ordered_block(block, order, unit, ordinal, number)
-            if not getattr(source.rules, "stored", False):  # the cleaning stage
+        for block in read_unit_blocks(
+            filesystem, file, source.rules, source.block_rows, order, unit, ordinal, skip
+        ):
+            if source.cleans:  # what KeepCleanRows keeps
                 block = block.filter(pc.equal(block.column(DROP), "")).drop_columns([DROP, WHERE])
             yield block
 
@@ -136,37 +142,16 @@ class BlockSource:
 
     @classmethod
     def of(cls, dataset) -> BlockSource:
-        refs = [
-            ref for bundle in dataset.iter_internal_ref_bundles() for ref in bundle.block_refs
-        ]
+        refs = [ref for bundle in dataset.iter_internal_ref_bundles() for ref in bundle.block_refs]
         return cls(refs)
 
     def epoch_tables(self, order: EpochOrder, start: DataPosition) -> Iterator[pa.Table]:
         import ray  # startup
         from ray.data.block import BlockAccessor
 
-        first_unit, _ = split_block_key(start.block)
-        for ordinal, unit in enumerate(order.units(len(self.blocks))):
-            if ordinal < first_unit:
-                continue
+        for unit, ordinal, _ in read_plan(order, len(self.blocks), start.block):
             table = BlockAccessor.for_block(ray.get(self.blocks[unit])).to_arrow()
-            yield ordered_block(table, order, int(unit), ordinal, 0)
-
-
-def places_in_blocks(keys: np.ndarray, last_key: int | None, last_count: int) -> np.ndarray:
-    """For rows in stream order with block keys `keys` (non-decreasing), each row's index
-    among its block's rows; `last_key`/`last_count`: the block the previous rows ended in and
-    how many of its rows they held."""
-    if len(keys) == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.empty(len(keys), dtype=bool)
-    starts[0] = True
-    starts[1:] = keys[1:] != keys[:-1]
-    run_starts = np.flatnonzero(starts)
-    places = np.arange(len(keys)) - run_starts[np.cumsum(starts) - 1]
-    if last_key is not None and keys[0] == last_key:
-        places[: run_starts[1] if len(run_starts) > 1 else len(keys)] += last_count
-    return places.astype(np.int64)
+            yield ordered_block(table, order, unit, ordinal, 0)
 
 
 @dataclass
@@ -199,6 +184,16 @@ def text_source(data_config, counter, stages: list[dict] | None = None) -> FileS
         data_config.deduplicate,
         data_config.dedup_partitions,
     )
+
+
+def training_dataset(data_config, counter):
+    """The clean corpus in file order as a lazy Ray Dataset {columns..., _row_id}, limited to
+    `data.max_rows`: one pass for the token cache's build and a Tune search's shared blocks.
+    Nothing is read here: reading starts when the dataset is consumed."""
+    dataset = text_source(data_config, counter).dataset(None)
+    if data_config.max_rows is not None:
+        dataset = dataset.limit(data_config.max_rows)
+    return dataset
 
 
 def stored_source(directory: str, block_rows: int) -> FileSource:
@@ -238,8 +233,7 @@ def count_rows(config, source) -> int | None:
 
         rows = sum(BlockAccessor.for_block(ray.get(b)).num_rows() for b in source.blocks)
     else:
-        unstaged = FileSource(**{**source.__dict__, "stages": []})
-        rows = unstaged.dataset(EpochOrder(None, 0), DataPosition()).count()
+        rows = dataclasses.replace(source, stages=[]).dataset(None).count()
     if config.data.max_rows is not None:
         rows = min(rows, config.data.max_rows)
     return rows

@@ -49,10 +49,10 @@ from distributed_emb.data.corpus import (
     corpus_columns,
     corpus_path,
     start_drop_counter,
-    training_dataset,
 )
 from distributed_emb.data.readers import DropReport
 from distributed_emb.data.sources import resolve_sources
+from distributed_emb.data.stream import training_dataset
 from distributed_emb.data.tokenize import tokenize_arguments, tokenize_in_ray_data
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
-from distributed_emb.data.corpus import collect_report, start_drop_counter, training_dataset
-from distributed_emb.data.stream import BlockSource, TrainingStream
+from distributed_emb.data.corpus import collect_report, start_drop_counter
+from distributed_emb.data.stream import BlockSource, TrainingStream, training_dataset
 from distributed_emb.data.token_cache import searched_key_settings, token_shards
 from distributed_emb.resource_plan import (
     ClusterShape,

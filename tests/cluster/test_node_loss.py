@@ -31,7 +31,7 @@ import pytest
 from harness.autoscaling_cluster import Timeline
 from harness.ray_head import free_ports
 
-from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.config import load_config
 from distributed_emb.paths import shipped_corpus
 
 # Slow: four Ray nodes, a restarted Train run, an annotation and a search (about 4 min on

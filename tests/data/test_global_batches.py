@@ -11,10 +11,10 @@ import json
 
 import pytest
 
+from distributed_emb.config import DataConfig
 from distributed_emb.data.epoch_order import DataPosition, EpochOrder
 from distributed_emb.data.global_batches import BatchPlan, global_batches
 from distributed_emb.data.stream import local_epoch_tables, text_source
-from distributed_emb.config import DataConfig
 
 LINES_PER_FILE = (150, 90, 61)
 BAD_LINES = 3  # in the jsonl file: dropped and counted, never batched

@@ -127,7 +127,8 @@ def test_a_broken_commit_is_refused_naming_the_file(tmp_path):
 
 def _text_by_row_id(config) -> dict[int, str]:
     """The clean corpus through the uncached Ray path: {row id: text}."""
-    from distributed_emb.data.corpus import start_drop_counter, training_dataset
+    from distributed_emb.data.corpus import start_drop_counter
+    from distributed_emb.data.stream import training_dataset
 
     rows = training_dataset(config.data, start_drop_counter()).take_all()
     return {row[ROW_ID]: row["text"] for row in rows}

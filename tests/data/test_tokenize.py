@@ -1,6 +1,5 @@
 """Token ids made by the Ray Data stage equal the worker-side tokenizer's, batch for batch."""
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch

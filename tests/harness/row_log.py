@@ -41,5 +41,6 @@ def resumed_from(records: list[dict]) -> dict[int, int]:
     starts: dict[int, int] = {}
     for record in records:
         if record["attempt"]:
-            starts[record["attempt"]] = min(starts.get(record["attempt"], 10**9), record["step"] - 1)
+            attempt = record["attempt"]
+            starts[attempt] = min(starts.get(attempt, 10**9), record["step"] - 1)
     return dict(sorted(starts.items()))
