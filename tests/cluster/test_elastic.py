@@ -3,12 +3,16 @@
 the scale-up, node-loss and object-storage path of a real cluster in one job.
 
 Shape as in cluster/aws.yaml: the head offers no CPU; fake worker nodes of 3 logical CPUs, one
-up at the start, at most 2; each Train worker asks for 2 CPUs (standing in for one GPU per
-node), so two workers never share a node. The job asks for `train.num_workers=[1, 2]`:
+up at the start; each Train worker asks for 2 CPUs (standing in for one GPU per node), so two
+workers never share a node. The job asks for `train.num_workers=[1, 2]`:
 
-1. it starts on the one worker node with 1 worker;
-2. Ray Train asks for its largest group, the autoscaler adds a second node and the group grows
-   to 2 workers (a resize: it resumes from its last checkpoint);
+1. it starts on the one worker node with 1 worker (the autoscaler may run 1 node: no spot
+   capacity yet);
+2. once its group is placed, capacity arrives (the autoscaler may run 2 nodes), Ray Train's request for
+   its largest group makes the autoscaler add a second node and the group grows to 2 workers
+   (a resize: it resumes from its last checkpoint). Capacity is held back until then because
+   otherwise the second node may boot before the first group starts, which then starts at 2
+   (on a slow machine it did), and the growth would go unseen;
 3. the node of rank 1 is killed (a spot loss) and the group shrinks back to 1 worker;
 4. the run finishes its steps; the idle node is scaled down afterwards.
 
@@ -106,14 +110,16 @@ def kill_node(cluster, node_id: str) -> list[int]:
 
 
 class GroupWatcher(threading.Thread):
-    """Follows the run through its row log: records each new worker group (attempt and size)
-    and, once the group has grown to 2 and trained STEPS_AT_TWO steps, kills rank 1's node."""
+    """Follows the run through its row log: records each new worker group (attempt and size);
+    once the first group is placed, lets the autoscaler run a second node; once the group has
+    grown to 2 and trained STEPS_AT_TWO steps, kills rank 1's node."""
 
     def __init__(self, cluster, output: Path, timeline: Timeline) -> None:
         super().__init__(daemon=True)
         self.cluster, self.output, self.timeline = cluster, output, timeline
         self.groups: dict[int, int] = {}  # attempt → ranks seen in its records
         self.killed: list[int] = []
+        self.capacity_added = False
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -127,12 +133,24 @@ class GroupWatcher(threading.Thread):
                 if len(ranks) > self.groups.get(attempt, 0):
                     self.groups[attempt] = len(ranks)
                     self.timeline.add(f"attempt {attempt} trains on {len(ranks)} worker(s)")
+            if not self.capacity_added and self._first_group_placed():
+                self.cluster.set_max_workers(2)
+                self.capacity_added = True
+                self.timeline.add("capacity for a second node")
             grown = [a for a, size in self.groups.items() if size == 2]
             if grown and not self.killed:
                 steps = {r["step"] for r in records if r["attempt"] == grown[0]}
                 if len(steps) > STEPS_AT_TWO:
                     self._kill_rank_one()
             self._halt.wait(0.5)
+
+    def _first_group_placed(self) -> bool:
+        """The first worker group's actors exist: it was sized while one node could run."""
+        try:
+            workers = self.cluster.state("actors", class_name="RayTrainWorker")
+        except requests.RequestException:
+            return False
+        return any(actor["state"] == "ALIVE" for actor in workers)
 
     def _kill_rank_one(self) -> None:
         with_rank = [
@@ -165,7 +183,7 @@ def test_the_group_grows_with_the_autoscaler_shrinks_on_node_loss_and_trains_eve
     output = tmp_path / "run"
     timeline = Timeline()
     with local_cluster(
-        worker_cpus=3, max_workers=2, min_workers=1, idle_timeout_minutes=0.2
+        worker_cpus=3, max_workers=1, min_workers=1, idle_timeout_minutes=0.2
     ) as cluster:
         wait_for(lambda: len(cluster.alive_worker_nodes()) == 1, 120, "the first worker node")
         timeline.add("head and 1 worker node up")

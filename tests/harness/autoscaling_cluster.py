@@ -107,6 +107,17 @@ class LocalCluster:
             if node["state"] == "ALIVE" and not node["is_head_node"]
         )
 
+    def set_max_workers(self, max_workers: int) -> None:
+        """Let the autoscaler run up to `max_workers` worker nodes from its next update (the
+        v1 autoscaler reads its config file again each update): capacity that arrives while a
+        job runs, e.g. spot nodes that become available. Replaced whole, never half written."""
+        config = yaml.safe_load(Path(self.config_path).read_text())
+        config["max_workers"] = max_workers
+        config["available_node_types"][WORKER_TYPE]["max_workers"] = max_workers
+        staged = Path(self.config_path).with_suffix(".staged")
+        staged.write_text(yaml.safe_dump(config))
+        os.replace(staged, self.config_path)
+
     def log_tail(self, lines: int = 60) -> str:
         path = Path(self.log_path)
         text = path.read_text(errors="replace") if path.exists() else ""
