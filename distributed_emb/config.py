@@ -115,6 +115,13 @@ RENAMED_KEYS = {
         "every report evaluates STS-B dev as well as writing a checkpoint",
     ),
 }
+# Keys that were removed: they fail with why, never silently.
+REMOVED_KEYS = {
+    "rounds.arrange_pairs": (
+        "the annotation writes each round's pairs in a seeded order spread over documents, on "
+        "the cluster, and training streams them; no option is needed (docs/INFOCSE.md)"
+    ),
+}
 
 
 def _build(cls: type[T], values: dict, prefix: str = "") -> T:
@@ -126,6 +133,8 @@ def _build(cls: type[T], values: dict, prefix: str = "") -> T:
             if dotted in RENAMED_KEYS:
                 new, why = RENAMED_KEYS[dotted]
                 raise ConfigError(f"{dotted} is now {new} ({why})")
+            if dotted in REMOVED_KEYS:
+                raise ConfigError(f"{dotted} was removed: {REMOVED_KEYS[dotted]}")
             raise ConfigError(f"unknown config key {dotted!r}; known keys: {sorted(names)}")
     kwargs = {}
     for name, value in values.items():
@@ -344,7 +353,7 @@ def require_model_dir(path: str | None, key: str) -> None:
     Checked here, before Ray starts: a corpus file or an empty directory given as the model
     otherwise fails minutes later inside a Ray worker with a transformers traceback.
     """
-    if path is None:
+    if path is None or "://" in path:  # on object storage: read where it is used
         return
     local = Path(path)
     if not local.exists():
@@ -838,7 +847,11 @@ class TrainingConfig:
 
     @property
     def model_path(self) -> str:
-        return self.model.path or default_model_path()
+        """The encoder to start from, as a directory this process can open (a model on object
+        storage is copied to the node once: storage.local_model_dir)."""
+        from distributed_emb.storage import local_model_dir
+
+        return local_model_dir(self.model.path or default_model_path())
 
     def make_paths_absolute(self) -> None:
         """output.dir, and model directories given relative to this directory, made absolute:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from distributed_emb.atomic_files import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 
@@ -38,3 +40,127 @@ def copy_to_storage(local_path: str | Path, uri: str) -> str:
     )
     log.info("copied %s to %s", local, uri)
     return uri
+
+
+# ---------------------------------------------------------------------------------------------
+# Locations: one string names a place on object storage (s3://, gs://) or a local path, and
+# these read and write either. State that another node needs (a round's model and pairs, the
+# rounds' table) is written through them, so it is where every node can reach it.
+# ---------------------------------------------------------------------------------------------
+
+
+def is_remote(location: str | Path) -> bool:
+    return "://" in str(location)
+
+
+def join(location: str | Path, *parts: str) -> str:
+    """`location/part/...`, for a URI as for a local path."""
+    return "/".join([str(location).rstrip("/"), *parts])
+
+
+def _filesystem(location: str | Path) -> tuple[pafs.FileSystem, str]:
+    if is_remote(location):
+        return pafs.FileSystem.from_uri(str(location))
+    return pafs.LocalFileSystem(), str(Path(location).resolve())
+
+
+def exists(location: str | Path) -> bool:
+    filesystem, path = _filesystem(location)
+    return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def has_files(location: str | Path) -> bool:
+    """Is `location` a directory (or prefix) holding anything?"""
+    filesystem, path = _filesystem(location)
+    if filesystem.get_file_info(path).type != pafs.FileType.Directory:
+        return False
+    return bool(filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+
+
+def write_text(location: str | Path, text: str) -> None:
+    """Write a small text file whole: atomically on a local disk (rename), and as one PUT on
+    object storage (readers see the old object or the new one, never half)."""
+    if not is_remote(location):
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(location, text)
+        return
+    filesystem, path = _filesystem(location)
+    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with filesystem.open_output_stream(path) as stream:
+        stream.write(text.encode())
+
+
+def read_text(location: str | Path) -> str | None:
+    """The file's text, or None where there is none."""
+    filesystem, path = _filesystem(location)
+    if filesystem.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(path) as stream:
+        return stream.read().decode()
+
+
+def delete_tree(location: str | Path) -> None:
+    """Remove a directory (or prefix) and everything under it; nothing there is fine."""
+    filesystem, path = _filesystem(location)
+    if filesystem.get_file_info(path).type == pafs.FileType.Directory:
+        filesystem.delete_dir(path)
+
+
+def delete_file(location: str | Path) -> None:
+    filesystem, path = _filesystem(location)
+    if filesystem.get_file_info(path).type == pafs.FileType.File:
+        filesystem.delete_file(path)
+
+
+def list_dirs(location: str | Path) -> list[str]:
+    """The directories directly under `location`, as locations (same scheme), sorted."""
+    filesystem, path = _filesystem(location)
+    if filesystem.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    found = filesystem.get_file_info(pafs.FileSelector(path))
+    names = sorted(info.base_name for info in found if info.type == pafs.FileType.Directory)
+    return [join(location, name) for name in names]
+
+
+def copy_from_storage(location: str | Path, local_dir: str | Path) -> str:
+    filesystem, path = _filesystem(location)
+    Path(local_dir).mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(
+        path, str(local_dir), source_filesystem=filesystem,
+        destination_filesystem=pafs.LocalFileSystem(),
+    )  # fmt: skip
+    return str(local_dir)
+
+
+def local_model_dir(location: str) -> str:
+    """A model directory this process can open: a local path or hub name as given; a model on
+    object storage copied once to this node's temp dir and reused by every process of the
+    node. The copy is keyed by the URI and its files' sizes and modification times, so a
+    model written again at the same URI (a rerun round) is copied again."""
+    if not is_remote(location):
+        return location
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    filesystem, path = _filesystem(location)
+    files = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+    if not any(info.type == pafs.FileType.File for info in files):
+        raise FileNotFoundError(f"no model at {location}")
+    stamp = sorted((info.path, info.size, str(info.mtime)) for info in files)
+    key = hashlib.sha1(repr((location, stamp)).encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / "distributed_emb_models" / key
+    if target.is_dir():
+        return str(target)
+    # Copied beside the target and renamed into place: processes of one node that copy at
+    # once each rename a whole copy; the loser's rename fails and its copy is dropped.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=target.parent))
+    copy_from_storage(location, staged)
+    try:
+        os.rename(staged, target)
+    except OSError:
+        shutil.rmtree(staged, ignore_errors=True)
+    log.info("copied the model at %s to %s", location, target)
+    return str(target)

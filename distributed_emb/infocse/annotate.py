@@ -35,6 +35,7 @@ from distributed_emb.config import require_range
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.model.embedder import Embedder, default_cpus_per_actor
 from distributed_emb.resource_plan import Extra, check_pool_plan
+from distributed_emb.storage import has_files
 from distributed_emb.train.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ PAIR_SCHEMA = pa.schema(
         ("round", pa.int64()),
     ]
 )
-_SORT_BLOCK_DOCUMENTS = 1024  # annotated documents per block when sorting by doc_id
+_SORT_BLOCK_PAIRS = 65_536  # pairs per block when sorting them into their training order
+SPREAD_KEY = "_spread"  # the sort key of the written order, dropped before writing
 # One row per document between the actors and the Parquet writer: the counts come from here.
 _DOCUMENT_ANNOTATION_SCHEMA = pa.schema(
     [
@@ -234,12 +236,40 @@ def _explode_pairs(table: pa.Table, round_index: int) -> pa.Table:
     )
 
 
+def spread_keys(pairs: pa.Table, seed: int) -> np.ndarray:
+    """A 64-bit key per pair from (seed, doc_id, anchor, positive) alone. Sorted by it, the
+    pairs are in a seeded pseudo-random order that does not depend on which actor or batch
+    produced them, and a document's pairs are spread over the whole round instead of sitting
+    together: consecutive rows (a training batch) come from documents drawn at random."""
+    import pandas as pd
+
+    text = pc.binary_join_element_wise(
+        pairs.column("doc_id"), pairs.column("anchor"), pairs.column("positive"), "\x1f"
+    )
+    hash_key = f"{seed:016x}"[-16:]  # siphash's 16-character key
+    return pd.util.hash_array(np.asarray(text.to_pandas(), dtype=object), hash_key=hash_key)
+
+
+def _pairs_with_spread_key(table: pa.Table, round_index: int, seed: int) -> pa.Table:
+    pairs = _explode_pairs(table, round_index)
+    return pairs.append_column(SPREAD_KEY, pa.array(spread_keys(pairs, seed), pa.uint64()))
+
+
 def _check_output_dir(output_dir: str) -> None:
-    path = Path(output_dir)
-    if path.exists() and any(path.iterdir()):
+    if has_files(output_dir):
         raise FileExistsError(
             f"{output_dir} already holds files; write each round's pairs to a new directory"
         )
+
+
+def _writable(output_dir: str) -> str:
+    """`output_dir` as a URI the write tasks can use. On object storage (s3://, gs://) any
+    node writes there. A local path is a path on the driver's machine, where the driver reads
+    the pairs back: `local://` runs the write tasks on the driver's node (files written by
+    worker nodes would land on their own disks)."""
+    if "://" in output_dir:
+        return output_dir
+    return f"local://{Path(output_dir).resolve()}"
 
 
 def annotate_documents(
@@ -296,22 +326,21 @@ def annotate_documents(
         counts = AnnotationCounts()
         for row in annotated.map_batches(_counts_table, batch_format="pyarrow").iter_rows():
             counts.add(AnnotationCounts(**{k: int(v) for k, v in row.items()}))
-        # Blocks arrive in whatever order actors finish them (another order on a rerun, or after a
-        # lost node's actor is restarted elsewhere), and the files' names and rows follow that
-        # order; training arranges pairs from the order read back. Sorted by doc_id, and written
-        # in that order, the files hold the same rows in the same order on every run.
-        # The sort makes one partition per input block: documents_per_batch-row blocks would make
-        # thousands of tiny partitions, so it sorts blocks of about _SORT_BLOCK_DOCUMENTS rows.
-        sort_blocks = max(1, math.ceil(counts.documents / _SORT_BLOCK_DOCUMENTS))
-        ordered = annotated.repartition(sort_blocks).sort("doc_id")
+        # Blocks arrive in whatever order actors finish them (another order on a rerun, or
+        # after a lost node's actor is restarted elsewhere). Sorted by their spread key (a
+        # distributed sort, on the cluster), the files hold the same rows in the same order
+        # on every run, and that order spreads each document's pairs over the round, so
+        # training batches mix documents without a pass over the pairs on the driver.
+        pairs = annotated.map_batches(
+            _pairs_with_spread_key, batch_format="pyarrow",
+            fn_kwargs={"round_index": round_index, "seed": config.idc.seed + round_index},
+        )  # fmt: skip
+        sort_blocks = max(1, math.ceil(counts.pairs / _SORT_BLOCK_PAIRS))
+        ordered = pairs.repartition(sort_blocks).sort(SPREAD_KEY).drop_columns([SPREAD_KEY])
         ordered.context.execution_options.preserve_order = True  # this dataset's own context
-        # `output_dir` is a path on the driver's machine, where the driver reads the pairs back:
-        # written by the worker nodes, each node's files would land on its own disk. `local://`
-        # runs the write tasks on the driver's node, with no CPU reserved because an on-demand
-        # head offers none (cluster/aws.yaml); they only encode and store what the actors made.
-        ordered.map_batches(
-            _explode_pairs, batch_format="pyarrow", fn_kwargs={"round_index": round_index}
-        ).write_parquet(f"local://{Path(output_dir).resolve()}", ray_remote_args={"num_cpus": 0})
+        # No CPU reserved for the write tasks: an on-demand head offers none
+        # (cluster/aws.yaml), and they only encode and store what the actors made.
+        ordered.write_parquet(_writable(output_dir), ray_remote_args={"num_cpus": 0})
     result = AnnotationResult(counts, time.perf_counter() - start, output_dir)
     logger.info("round %d: %s → %s", round_index, result.summary(), output_dir)
     return result

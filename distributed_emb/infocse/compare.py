@@ -43,6 +43,7 @@ from distributed_emb.infocse.rounds import (
     _split_held_out,
     _teacher,
     evaluate_dev,
+    round_state,
     run_rounds,
 )
 from distributed_emb.tables import markdown_table
@@ -128,7 +129,7 @@ def run_comparison(config, output: Path, arms: list[str], informin_lambda: float
     documents, heldout = _split_held_out(read_documents(config.documents).dataset, config)
     if heldout is None:
         raise ValueError("the comparison needs held-out documents: set heldout.fraction > 0")
-    student = _initial_model(config, output)
+    student = _initial_model(config, output, round_state(config))
     teacher = _teacher(config) or config.training.model_path
     scoring = copy.deepcopy(config)
     scoring.rounds.stsb_test = True  # every row's STS-B test, scored here once

@@ -27,11 +27,6 @@ class RoundsConfig:
     retrieval_threshold: float = 4.0  # STS-B dev pairs scored ≥ this form the retrieval dev set
     # Also score every round's model on STS-B test (reported only; never used to choose).
     stsb_test: bool = False
-    # Order each round's mined pairs so batches spread over documents (fewer same-document
-    # negatives to mask). This collects the pairs on the driver; false trains straight from
-    # the annotation's Parquet shards as a stream (same-document negatives are still masked),
-    # for corpora whose pairs do not fit one process.
-    arrange_pairs: bool = True
     # Mine the next round's pairs while this round trains, with its best checkpoint so far
     # (infocse/overlap.py); the next round uses the pairs of the checkpoint it keeps, else the
     # freshest ones. Not with InfoCSE++ (its rounds annotate with the supervised model).

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from pathlib import Path
 
 from ray.train import UserCallback
 
-from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb import storage
 from distributed_emb.infocse.annotate import AnnotationCounts
 from distributed_emb.model.model_card import DEV_METRIC
 
@@ -69,36 +68,53 @@ class PairVersion:
 
 
 class PairVersions:
-    """Versioned pair directories under `root`: `step_<s>/model/` (the checkpoint's export),
-    `step_<s>/pairs/` (Parquet) and `step_<s>/COMMIT` (JSON), written last and atomically. A
-    version without COMMIT is in flight or abandoned and is never read."""
+    """Versioned pair directories under `root` (a local path or on object storage, where the
+    annotation actors of every node write and read): `step_<s>/model/` (the checkpoint's
+    export), `step_<s>/pairs/` (Parquet) and `step_<s>/COMMIT` (JSON), written last and whole.
+    A version without COMMIT is in flight or abandoned and is never read."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+        self.root = str(root)
 
-    def start(self, step: int) -> Path:
+    def location(self, step: int) -> str:
+        return storage.join(self.root, f"step_{step}")
+
+    def start(self, step: int) -> str:
         """A fresh directory for the version of `step` (an abandoned one is cleared)."""
-        directory = self.root / f"step_{step}"
-        if directory.exists():
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
+        directory = self.location(step)
+        storage.delete_tree(directory)
+        if not storage.is_remote(directory):
+            Path(directory).mkdir(parents=True)
         return directory
 
     def commit(self, version: PairVersion) -> None:
         payload = {**asdict(version), "counts": asdict(version.counts)}
-        write_text_atomic(self.root / f"step_{version.step}" / COMMIT_FILE, json.dumps(payload))
+        storage.write_text(storage.join(self.location(version.step), COMMIT_FILE),
+                           json.dumps(payload))  # fmt: skip
+
+    def _read(self, directory: str) -> PairVersion | None:
+        text = storage.read_text(storage.join(directory, COMMIT_FILE))
+        if text is None:
+            return None
+        data = json.loads(text)
+        data["counts"] = AnnotationCounts(**data["counts"])
+        return PairVersion(**data)
 
     def committed(self) -> list[PairVersion]:
         """Every committed version, by step."""
-        found = []
-        for commit in self.root.glob(f"step_*/{COMMIT_FILE}"):
-            data = json.loads(commit.read_text())
-            data["counts"] = AnnotationCounts(**data["counts"])
-            found.append(PairVersion(**data))
-        return sorted(found, key=lambda version: version.step)
+        found = [self._read(directory) for directory in storage.list_dirs(self.root)]
+        return sorted((v for v in found if v is not None), key=lambda version: version.step)
 
     def get(self, step: int) -> PairVersion | None:
-        return next((v for v in self.committed() if v.step == step), None)
+        return self._read(self.location(step))
+
+    def discard_except(self, step: int) -> None:
+        """Delete every other version, and the mining model of `step`'s: only its pairs are
+        read from now on."""
+        for directory in storage.list_dirs(self.root):
+            if directory != self.location(step):
+                storage.delete_tree(directory)
+        storage.delete_tree(storage.join(self.location(step), "model"))
 
 
 class CheckpointFeed(UserCallback):
@@ -116,7 +132,7 @@ class CheckpointFeed(UserCallback):
         self.queue.put(Report(int(first["step"]), float(first[DEV_METRIC]), checkpoint))
 
 
-Miner = Callable[[Report, Path], tuple[str, AnnotationCounts]]
+Miner = Callable[[Report, str], tuple[str, AnnotationCounts]]
 
 
 class NextRoundAnnotator:

@@ -27,14 +27,16 @@ import copy
 import json
 import logging
 import shutil
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from distributed_emb import storage
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
 from distributed_emb.config import TrainingConfig
 from distributed_emb.data.documents import read_documents
@@ -46,7 +48,11 @@ from distributed_emb.evaluation.document_retrieval import (
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.evaluation.sts import read_stsb, sts_spearman, stsb_score
-from distributed_emb.infocse.annotate import AnnotationResult, annotate_documents
+from distributed_emb.infocse.annotate import (
+    AnnotationCounts,
+    AnnotationResult,
+    annotate_documents,
+)
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.overlap import (
     NextRoundAnnotator,
@@ -54,7 +60,8 @@ from distributed_emb.infocse.overlap import (
     PairVersions,
     follow_training,
 )
-from distributed_emb.infocse.pairs import arrange_pairs, pair_overlap, read_pairs
+from distributed_emb.infocse.pairs import pair_overlap_on_cluster
+from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.student import build_layer_student
 from distributed_emb.model.embedder import Embedder, EmbeddingLookup
 from distributed_emb.model.sentence_transformer import (
@@ -102,6 +109,10 @@ class RoundRecord:
     # the annotation's own time.
     mined_at_step: int | None = None
     overlapped_annotate_s: float | None = None
+    pairs_location: str | None = None  # where the round's pairs are (local or on storage)
+    # The round's pairs were committed by an earlier attempt of this run: not mined again,
+    # and its training continued from its own last checkpoint.
+    resumed: bool = False
 
 
 def evaluate_dev(
@@ -110,6 +121,7 @@ def evaluate_dev(
     """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process), plus
     same-document retrieval on the held-out documents and STS-B test when asked."""
     training = config.training
+    model_dir = storage.local_model_dir(model_dir)
     pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
     embedder = Embedder(
         model_dir,
@@ -167,8 +179,9 @@ def _training_config(
     model_dir: str,
     pairs_path: str,
     output_dir: str,
+    stage_name: str,
     overrides: dict | None = None,
-    shuffle: bool = False,
+    resume: str = "overwrite",
 ) -> TrainingConfig:
     """The core trainer's config for one round's training on `pairs_path` from `model_dir`."""
     training = copy.deepcopy(config.training)
@@ -176,15 +189,16 @@ def _training_config(
     training.data.path = pairs_path
     training.data.kind = "pairs"
     training.data.group_column = "doc_id"
-    # Arranged pairs keep their document-spreading order; streamed shards are shuffled.
-    training.data.shuffle_seed = training.train.seed if shuffle else None
+    # The pairs are written in an order spread over documents (annotate.spread_keys); the
+    # stream permutes files and rows within blocks on top, from the training seed.
+    training.data.shuffle_seed = training.train.seed
     training.output.dir = output_dir
     # One Ray Train run per round and stage ("<name>-round_2-train"): with a shared
     # output.storage_path, a round must never find (and resume) another round's checkpoints.
-    # A rerun deletes the round directory and starts the round afresh: so does its run.
-    base_name = _base_run_name(config)
-    training.output.run_name = f"{base_name}-{Path(output_dir).parent.name}-{Path(output_dir).name}"
-    training.output.resume = "overwrite"
+    # A round started afresh deletes what an earlier attempt of it left ("overwrite"); a round
+    # whose pairs an earlier attempt committed continues that attempt's training ("auto").
+    training.output.run_name = f"{_base_run_name(config)}-{stage_name}"
+    training.output.resume = resume
     # The round's model is its training's best trained checkpoint, even when worse than the
     # model it started from: the next round re-annotates with it, and run_rounds decides
     # (patience) and exports the best of all rounds, the initial model included.
@@ -200,25 +214,10 @@ def _base_run_name(config: InfoCSEConfig) -> str:
     return config.training.output.run_name or Path(config.output_dir).name
 
 
-def _arranged_pairs_file(
-    pairs_dir: str, batch_size: int, seed: int, path: Path
-) -> tuple[list, int]:
-    """Order the mined pairs so each batch spreads over documents; write one Parquet file."""
-
-    pairs = read_pairs(pairs_dir)
-    ordered, arrangement = arrange_pairs(pairs, batch_size, seed)
-    pq.write_table(pa.Table.from_pylist(ordered), path)
-    log.info(
-        "arranged %d pairs in %d batches (%d batches repeat a document)",
-        len(pairs),
-        arrangement.num_batches,
-        arrangement.batches_with_repeats,
-    )
-    return pairs, arrangement.batches_with_repeats
-
-
-def supervised_pairs_file(config: InfoCSEConfig, path: Path) -> int:
-    """InfoCSE++ labelled positives: train pairs with gold score ≥ threshold, each its own group."""
+def supervised_pairs_file(config: InfoCSEConfig, location: str) -> int:
+    """InfoCSE++ labelled positives: train pairs with gold score ≥ threshold, each its own
+    group, written to `location` (a local path or on the storage path: Train workers on any
+    node read it)."""
 
     senteval = config.training.eval.senteval_dir or shipped_senteval_dir()
     s = config.supervised
@@ -235,7 +234,10 @@ def supervised_pairs_file(config: InfoCSEConfig, path: Path) -> int:
             "doc_id": [f"{s.source}-{i}" for i in keep],
         }
     )
-    pq.write_table(table, path)
+    with tempfile.TemporaryDirectory() as scratch:
+        local = Path(scratch) / "supervised_pairs.parquet"
+        pq.write_table(table, local)
+        storage.copy_to_storage(local, location)
     return len(keep)
 
 
@@ -252,66 +254,100 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
         sinks.close()
 
 
+def round_state(config: InfoCSEConfig) -> RoundState:
+    """The rounds' state: on `training.output.storage_path` (every node reaches it), else in
+    the output directory (infocse/round_state.py)."""
+    storage_path = config.training.output.storage_path
+    if storage_path:
+        return RoundState(storage.join(storage_path, _base_run_name(config)), remote=True)
+    return RoundState(str(Path(config.output_dir).resolve()), remote=False)
+
+
 def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> list[RoundRecord]:
+    state = round_state(config)
+    earlier = state.finished(config, overwrite=config.training.output.resume == "overwrite")
     corpus = read_documents(config.documents)
     documents, heldout = _split_held_out(corpus.dataset, config)
-    initial = _initial_model(config, output)
     teacher = _teacher(config)
-    records = [
-        RoundRecord(0, "initial", initial, **_dev_fields(evaluate_dev(initial, config, heldout)))
-    ]
-    _print_row(records[-1], sinks)
-    if teacher is not None:
-        # The teacher's own scores, for reference (never a candidate for export: it is not
-        # the model being trained).
-        teacher_scores = evaluate_dev(teacher, config, heldout)
-        log.warning("teacher %s: %s", teacher, _scores_line(teacher_scores))
-        _save_json(output / "teacher.json", {"model": teacher, **teacher_scores})
-    best = records[0]
-    current_model, previous_pairs, rounds_without_gain = initial, None, 0
+    if earlier is not None:
+        records = [_record(row) for row in earlier["rounds"]]
+        log.warning("continuing the rounds in %s after round %d", state.root, records[-1].round)
+        initial = records[0].model_dir
+        for record in records:
+            log.warning("InfoCSE %s", format_row(record))
+    else:
+        initial = _initial_model(config, output, state)
+        scores = evaluate_dev(initial, config, heldout)
+        records = [RoundRecord(0, "initial", initial, **_dev_fields(scores))]
+        _print_row(records[-1], sinks)
+        # Saved before any round: every round's state under the root is then covered by the
+        # settings check of a restart (RoundState.finished).
+        _save(records, records[0], output, state, config)
+        if teacher is not None:
+            # The teacher's own scores, for reference (never a candidate for export: it is
+            # not the model being trained).
+            teacher_scores = evaluate_dev(teacher, config, heldout)
+            log.warning("teacher %s: %s", teacher, _scores_line(teacher_scores))
+            _save_json(output / "teacher.json", {"model": teacher, **teacher_scores})
+    best, rounds_without_gain = _standing(records, config)
+    current_model = records[-1].model_dir
+    previous_pairs = next(
+        (r.pairs_location for r in reversed(records) if r.stage == "infocse"), None
+    )
     annotation_config = _with_fixed_length(config.annotation, initial)
     prepared: PairVersion | None = None  # this round's pairs, mined while the last one trained
+    prepared_versions: PairVersions | None = None  # where they were mined
     waited_since = 0.0
+    first_round = records[-1].round + 1
+    if rounds_without_gain >= config.rounds.patience:
+        first_round = config.rounds.max_rounds + 1  # the earlier run had stopped
 
-    for index in range(1, config.rounds.max_rounds + 1):
-        round_dir = output / f"round_{index}"
-        if round_dir.exists():
-            shutil.rmtree(round_dir)  # a rerun of the same output dir starts the round afresh
-        round_dir.mkdir(parents=True)
+    for index in range(first_round, config.rounds.max_rounds + 1):
+        round_dir = state.round_dir(index)
         by_teacher = teacher is not None and index <= config.annotation.teacher_rounds
-        if prepared is not None:
-            annotation = _adopt_version(prepared, round_dir / "pairs", waited_since)
+        source = state.pairs_source(index)
+        continued = source is not None  # an earlier attempt of this run committed its pairs
+        if continued:
+            annotation = AnnotationResult(
+                AnnotationCounts(**source["counts"]), source["annotate_s"], source["pairs"]
+            )
+            log.warning(
+                "round %d: its pairs were committed by an earlier attempt (%s): training "
+                "continues from its last checkpoint", index, source["pairs"],
+            )  # fmt: skip
+        elif prepared is not None:
+            annotation, source = _adopt_version(
+                prepared, prepared_versions, state, index, waited_since
+            )
         else:
+            pairs_location = storage.join(round_dir, "pairs")
+            storage.delete_tree(pairs_location)  # what an interrupted annotation left
             annotation = annotate_documents(
                 documents,
                 teacher if by_teacher else current_model,
-                str(round_dir / "pairs"),
+                pairs_location,
                 index,
                 annotation_config,
             )
-        pairs, overlap = None, None
-        if config.rounds.arrange_pairs:
-            pairs_path = round_dir / "pairs_arranged.parquet"
-            pairs, _ = _arranged_pairs_file(
-                str(round_dir / "pairs"),
-                # A global batch is G consecutive rows of the file (shuffle off), whose
-                # negatives every anchor sees: spread each over documents.
-                config.training.train.global_batch,
-                config.training.train.seed + index,
-                pairs_path,
-            )
-            if previous_pairs is not None:
-                overlap = pair_overlap(previous_pairs, pairs).jaccard
-        else:
-            pairs_path = round_dir / "pairs"  # the annotation's Parquet shards, streamed
+            source = {
+                "pairs": pairs_location,
+                "counts": asdict(annotation.counts),
+                "annotate_s": round(annotation.wall_seconds, 1),
+                "mined_at_step": None,
+            }
+            state.commit_pairs(index, source)
+        overlap = None
+        if previous_pairs is not None:
+            overlap = pair_overlap_on_cluster(previous_pairs, annotation.pairs_path).jaccard
+        train_dir = _stage_dir(state, output, index, "train", continued)
         training = _training_config(
-            config, current_model, str(pairs_path), str(round_dir / "train"),
-            shuffle=not config.rounds.arrange_pairs,
+            config, current_model, annotation.pairs_path, str(train_dir),
+            f"round_{index}-train", resume="auto" if continued else "overwrite",
         )  # fmt: skip
         follower = None
         if _overlaps(config, index, teacher):
             follower = _follow_training(
-                config, documents, annotation_config, index, round_dir, training,
+                config, documents, annotation_config, index, state, training,
                 _next_round_follows(config, best.stsb_dev, rounds_without_gain),
             )  # fmt: skip
         try:
@@ -325,47 +361,92 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         record = RoundRecord(
             index,
             "infocse",
-            result.model_dir,
+            _keep_stage(state, result, train_dir, storage.join(round_dir, "train")),
             pairs=annotation.counts.pairs,
             documents_with_pairs=annotation.counts.documents
             - annotation.counts.documents_without_pairs,
             overlap_with_previous=overlap,
             annotate_s=round(annotation.wall_seconds, 1),
             annotated_by="teacher" if by_teacher else "self",
-            mined_at_step=prepared.step if prepared is not None else None,
-            overlapped_annotate_s=prepared.annotate_s if prepared is not None else None,
+            mined_at_step=source.get("mined_at_step"),
+            overlapped_annotate_s=source.get("overlapped_annotate_s"),
+            pairs_location=annotation.pairs_path,
+            resumed=continued,
             **_training_fields(result.metrics),
             **_dev_fields(scores),
         )
         records.append(record)
         _print_row(record, sinks)
         if config.supervised.enabled:
-            record = _supervised_round(config, index, result.model_dir, round_dir, heldout)
+            record = _supervised_round(config, index, record.model_dir, state, output, heldout)
             records.append(record)
             _print_row(record, sinks)
-        current_model, previous_pairs, prepared = record.model_dir, pairs, None
-        if record.stsb_dev > best.stsb_dev + config.rounds.min_improvement:
-            best, rounds_without_gain = record, 0
-        else:
-            rounds_without_gain += 1
-            if rounds_without_gain >= config.rounds.patience:
-                log.warning(
-                    "STS-B dev stopped rising (best %.2f at round %d): stopping",
-                    best.stsb_dev,
-                    best.round,
-                )
-                if follower is not None:
-                    follower.close(timeout_s=0)  # its pairs are not needed: do not wait
-                break
+        current_model, previous_pairs, prepared = record.model_dir, annotation.pairs_path, None
+        best, rounds_without_gain = _standing(records, config)
+        if rounds_without_gain >= config.rounds.patience:
+            log.warning(
+                "STS-B dev stopped rising (best %.2f at round %d): stopping",
+                best.stsb_dev,
+                best.round,
+            )
+            if follower is not None:
+                follower.close(timeout_s=0)  # its pairs are not needed: do not wait
+            break
         if follower is not None:
             # After the round's own evaluation, which the annotation overlapped too.
             waited_since = time.perf_counter()
             prepared = follower.finish(result.metrics.get("best_step"))
-        _save(records, best, output)
+            prepared_versions = follower.versions
+        _save(records, best, output, state, config)
 
-    _export_best(best, output, config)
-    _save(records, best, output)
+    _export_best(best, output, config, state)
+    _save(records, best, output, state, config)
     return records
+
+
+def _record(row: dict) -> RoundRecord:
+    known = {f.name for f in fields(RoundRecord)}
+    return RoundRecord(**{k: v for k, v in row.items() if k in known})
+
+
+def _standing(records: list[RoundRecord], config: InfoCSEConfig) -> tuple[RoundRecord, int]:
+    """(the best record so far, rounds since it without a new best) under the stopping rule:
+    each round is judged by its last record (its supervised step, with InfoCSE++)."""
+    best, without_gain = records[0], 0
+    last_of_round = {r.round: r for r in records[1:]}
+    for record in (last_of_round[i] for i in sorted(last_of_round)):
+        if record.stsb_dev > best.stsb_dev + config.rounds.min_improvement:
+            best, without_gain = record, 0
+        else:
+            without_gain += 1
+    return best, without_gain
+
+
+def _stage_dir(
+    state: RoundState, output: Path, index: int, stage: str, continued: bool = False
+) -> Path:
+    """Where a round's training writes on the driver: inside the output directory on one
+    machine; with a storage path, a scratch directory that _keep_stage empties onto it. A
+    continued round's earlier results there are dropped: its training writes them again."""
+    if state.remote:
+        return Path(tempfile.mkdtemp(prefix=f"round_{index}-{stage}-"))
+    directory = output / f"round_{index}" / stage
+    if continued:
+        shutil.rmtree(directory / "model", ignore_errors=True)
+        (directory / "metrics.json").unlink(missing_ok=True)
+    return directory
+
+
+def _keep_stage(state: RoundState, result, train_dir: Path, logs_location: str) -> str:
+    """The stage's model location for the next round. With a storage path: the model the
+    training put beside its checkpoints there, its logs copied to `logs_location`, and the
+    driver's scratch copy removed."""
+    if not state.remote:
+        return result.model_dir
+    shutil.rmtree(train_dir / "model", ignore_errors=True)
+    storage.copy_to_storage(train_dir, logs_location)
+    shutil.rmtree(train_dir, ignore_errors=True)
+    return result.metrics["model_uri"]
 
 
 def _overlaps(config: InfoCSEConfig, index: int, teacher: str | None) -> bool:
@@ -380,23 +461,32 @@ def _follow_training(
     documents,
     annotation_config,
     index: int,
-    round_dir: Path,
+    state: RoundState,
     training: TrainingConfig,
     worth_mining,
 ) -> NextRoundAnnotator:
     """Start mining round index+1's pairs with round `index`'s best checkpoint so far, as its
-    training registers checkpoints (infocse/overlap.py), into `round_dir/next_round_pairs`."""
+    training registers checkpoints (infocse/overlap.py), into
+    `round_<index>/next_round_pairs` of the rounds' state."""
 
-    def mine(report, directory: Path):
+    def mine(report, directory: str):
+        model_location = storage.join(directory, "model")
         with report.checkpoint.as_directory() as checkpoint_dir:
-            model_dir = export_checkpoint(training, checkpoint_dir, str(directory / "model"))
+            if state.remote:  # exported here, then put where the actors' nodes reach it
+                with tempfile.TemporaryDirectory() as scratch:
+                    local = export_checkpoint(training, checkpoint_dir, f"{scratch}/model")
+                    storage.copy_to_storage(local, model_location)
+            else:
+                export_checkpoint(training, checkpoint_dir, model_location)
+        pairs_location = storage.join(directory, "pairs")
         result = annotate_documents(
-            documents, model_dir, str(directory / "pairs"), index + 1, annotation_config,
+            documents, model_location, pairs_location, index + 1, annotation_config,
             reserve_cpus=False,
         )  # fmt: skip
-        return str(directory / "pairs"), result.counts
+        return pairs_location, result.counts
 
-    return follow_training(PairVersions(round_dir / "next_round_pairs"), mine, worth_mining)
+    versions = PairVersions(storage.join(state.round_dir(index), "next_round_pairs"))
+    return follow_training(versions, mine, worth_mining)
 
 
 def _next_round_follows(config: InfoCSEConfig, best_dev: float, rounds_without_gain: int):
@@ -410,51 +500,65 @@ def _next_round_follows(config: InfoCSEConfig, best_dev: float, rounds_without_g
     return lambda report: report.stsb_dev > best_dev + r.min_improvement
 
 
-def _adopt_version(version: PairVersion, target: Path, waited_since: float) -> AnnotationResult:
-    """Move a version's pairs to the round's `pairs/` (the layout every round has) and drop
-    the other versions and their exported models; the choice is recorded beside the pairs."""
-    versions_root = Path(version.pairs_dir).parent.parent
-    shutil.move(version.pairs_dir, target)
-    write_text_atomic(
-        target.parent / "pairs_source.json",
-        json.dumps({"mined_at_step": version.step, "stsb_dev": version.stsb_dev,
-                    "annotate_s": version.annotate_s, "from": str(versions_root)}),
-    )  # fmt: skip
-    shutil.rmtree(versions_root, ignore_errors=True)
+def _adopt_version(
+    version: PairVersion,
+    versions: PairVersions,
+    state: RoundState,
+    index: int,
+    waited_since: float,
+) -> tuple[AnnotationResult, dict]:
+    """Round `index` trains on `version`'s pairs where they are (nothing is moved: on object
+    storage a move is a copy); the other versions and the mining models are deleted, and the
+    choice is committed as the round's pairs."""
+    versions.discard_except(version.step)
     waited = time.perf_counter() - waited_since
+    source = {
+        "pairs": version.pairs_dir,
+        "counts": asdict(version.counts),
+        "annotate_s": round(waited, 1),
+        "mined_at_step": version.step,
+        "stsb_dev": version.stsb_dev,
+        "overlapped_annotate_s": version.annotate_s,
+    }
+    state.commit_pairs(index, source)
     log.warning(
         "pairs mined while the previous round trained, with its step %d (%.0f s of annotation, "
         "%.0f s waited for after it)", version.step, version.annotate_s, waited,
     )  # fmt: skip
-    return AnnotationResult(version.counts, waited, str(target))
+    return AnnotationResult(version.counts, waited, version.pairs_dir), source
 
 
 def _supervised_round(
     config: InfoCSEConfig,
     index: int,
     model_dir: str,
-    round_dir: Path,
+    state: RoundState,
+    output: Path,
     heldout: SameDocumentTask | None,
 ):
-    pairs_file = round_dir / "supervised_pairs.parquet"
+    round_dir = state.round_dir(index)
+    pairs_file = storage.join(round_dir, "supervised_pairs.parquet")
     count = supervised_pairs_file(config, pairs_file)
     s = config.supervised
+    train_dir = _stage_dir(state, output, index, "supervised")
     result = _train(
         _training_config(
             config,
             model_dir,
-            str(pairs_file),
-            str(round_dir / "supervised"),
+            pairs_file,
+            str(train_dir),
+            f"round_{index}-supervised",
             {"train.max_steps": s.max_steps, "train.learning_rate": s.learning_rate},
         )
     )
+    scores = evaluate_dev(result.model_dir, config, heldout)
     return RoundRecord(
         index,
         "supervised",
-        result.model_dir,
+        _keep_stage(state, result, train_dir, storage.join(round_dir, "supervised")),
         pairs=count,
         **_training_fields(result.metrics),
-        **_dev_fields(evaluate_dev(result.model_dir, config, heldout)),
+        **_dev_fields(scores),
     )
 
 
@@ -491,18 +595,24 @@ def _save_json(path: Path, data: dict) -> None:
     write_text_atomic(path, json.dumps(data, indent=2))
 
 
-def _initial_model(config: InfoCSEConfig, output: Path) -> str:
+def _initial_model(config: InfoCSEConfig, output: Path, state: RoundState) -> str:
     """The model rounds train: training.model.path, or its first student.num_layers layers
-    (built offline into output/student; rebuilt on a rerun: it is a deterministic cut)."""
+    (built offline into output/student, a deterministic cut; with a storage path, put there
+    as `student/` so that annotation actors and Train workers on any node load it)."""
     source = config.training.model_path
     if config.student.num_layers is None:
-        return source
+        return config.training.model.path or source
 
     target = output / "student"
     if target.exists():
         shutil.rmtree(target)
     pooler = None if is_sentence_transformer_dir(source) else config.training.model.pooler
-    return build_layer_student(source, config.student.num_layers, str(target), pooler=pooler)
+    built = build_layer_student(source, config.student.num_layers, str(target), pooler=pooler)
+    if not state.remote:
+        return built
+    location = storage.copy_to_storage(built, state.location("student"))
+    shutil.rmtree(target)
+    return location
 
 
 def _teacher(config: InfoCSEConfig) -> str | None:
@@ -548,26 +658,31 @@ def _split_held_out(dataset, config: InfoCSEConfig):
     return training, task
 
 
-def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig) -> None:
+def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: RoundState) -> None:
     target = output / "model"
+    model_dir = storage.local_model_dir(best.model_dir)
     # Built beside model/ and swapped in: a crash mid-copy keeps the previous model/ whole
     # (it used to be deleted first, leaving nothing, or half a copy).
     with staged_directory(target) as staged:
-        if best.stage == "initial" and not is_sentence_transformer_dir(best.model_dir):
+        if best.stage == "initial" and not is_sentence_transformer_dir(model_dir):
             load_sentence_transformer(
-                best.model_dir,
+                model_dir,
                 pooler=config.training.model.pooler,
                 max_seq_length=config.training.model.max_seq_length,
             ).save(str(staged))
         else:
             # dirs_exist_ok: the staging directory already exists (empty).
-            shutil.copytree(best.model_dir, staged, dirs_exist_ok=True)
+            shutil.copytree(model_dir, staged, dirs_exist_ok=True)
+    if state.remote:
+        storage.delete_tree(state.location("model"))
+        storage.copy_to_storage(target, state.location("model"))
     log.warning(
-        "best: round %d (%s), STS-B dev %.2f → exported to %s",
+        "best: round %d (%s), STS-B dev %.2f → exported to %s%s",
         best.round,
         best.stage,
         best.stsb_dev,
         target,
+        f" and {state.location('model')}" if state.remote else "",
     )
 
 
@@ -643,10 +758,21 @@ def rounds_panels(records: list[RoundRecord]) -> list[Panel]:
     return panels
 
 
-def _save(records: list[RoundRecord], best: RoundRecord, output: Path) -> None:
-    write_text_atomic(
-        output / "rounds.json",
-        json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2),
-    )
-    write_text_atomic(output / "rounds.md", format_table(records) + "\n")
+def _save(
+    records: list[RoundRecord],
+    best: RoundRecord,
+    output: Path,
+    state: RoundState,
+    config: InfoCSEConfig,
+) -> None:
+    """rounds.json/.md in the rounds' state (what a restart reads); with a storage path, a
+    copy of both in the output directory beside the logs; the plot there."""
+    table = format_table(records)
+    state.save(config, records, best, table)
+    if state.remote:
+        write_text_atomic(
+            output / "rounds.json",
+            json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2),
+        )
+        write_text_atomic(output / "rounds.md", table + "\n")
     write_panels(rounds_panels(records), output / PLOT_FILE, title="InfoCSE rounds")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from distributed_emb.storage import local_model_dir
+
 POOLERS = ("cls", "cls_before_pooler", "mean")
 
 
@@ -89,6 +91,7 @@ def load_sentence_transformer(
     """
     from sentence_transformers import SentenceTransformer  # startup
 
+    path = local_model_dir(path)  # a model on object storage: this node's copy
     if pooler is None and is_sentence_transformer_dir(path):
         model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)
     else:
