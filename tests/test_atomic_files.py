@@ -173,6 +173,9 @@ def test_crashed_infocse_best_round_copy_keeps_the_previous_model(tmp_path, monk
     _model_dir(best_round, "round 2")
     best = SimpleNamespace(stage="unsupervised", model_dir=str(best_round), round=2, stsb_dev=80.0)
 
+    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.round_state import RoundState
+
     real_copytree = rounds.shutil.copytree
 
     def crashing_copytree(src, dst, **kwargs):
@@ -181,11 +184,11 @@ def test_crashed_infocse_best_round_copy_keeps_the_previous_model(tmp_path, monk
 
     monkeypatch.setattr(rounds.shutil, "copytree", crashing_copytree)
     with pytest.raises(Crash):
-        rounds._export_best(best, output, config=None)
+        rounds._export_best(best, output, InfoCSEConfig(), RoundState(str(output), remote=False))
     assert (output / "model" / "modules.json").read_text() == "previous run"
     assert _leftovers(output) == []
 
     monkeypatch.setattr(rounds.shutil, "copytree", real_copytree)
-    rounds._export_best(best, output, config=None)
+    rounds._export_best(best, output, InfoCSEConfig(), RoundState(str(output), remote=False))
     assert (output / "model" / "modules.json").read_text() == "round 2"
     assert _leftovers(output) == []

@@ -36,6 +36,16 @@ def _unit_interval(seed: int, doc_id: str) -> float:
     return int.from_bytes(digest, "little") / 2**64
 
 
+def held_out_split(doc_id: str, fraction: float, seed: int = 0) -> str | None:
+    """Where one document goes: "dev" or "test" (the two halves of the held-out documents,
+    by the same hash: below fraction/2, or between fraction/2 and fraction), or None
+    (trained on). Decided by the document alone, so any process can filter any row."""
+    unit = _unit_interval(seed, str(doc_id))
+    if unit >= fraction:
+        return None
+    return "dev" if unit < fraction / 2 else "test"
+
+
 def held_out_doc_ids(doc_ids: Iterable[str], fraction: float, seed: int = 0) -> set[str]:
     """The documents held out of training: those whose hash of (seed, doc_id) is < fraction."""
     if not 0.0 <= fraction < 1.0:

@@ -3,6 +3,7 @@ and optional InfoCSE++ supervised rounds. Loaded with `distributed_emb.config.lo
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 
 from distributed_emb.config import (
@@ -27,6 +28,11 @@ class RoundsConfig:
     retrieval_threshold: float = 4.0  # STS-B dev pairs scored ≥ this form the retrieval dev set
     # Also score every round's model on STS-B test (reported only; never used to choose).
     stsb_test: bool = False
+    # The dev score that chooses the exported round and stops the rounds: "stsb_dev" (STS-B
+    # dev Spearman), or "heldout_dev_mrr" (same-document retrieval MRR on the dev half of the
+    # held-out documents: the in-domain metric InfoCSE is for; needs heldout.fraction > 0).
+    # The held-out test half and STS-B are reported beside it, never used to choose.
+    select_by: typing.Literal["stsb_dev", "heldout_dev_mrr"] = "stsb_dev"
     # Mine the next round's pairs while this round trains, with its best checkpoint so far
     # (infocse/overlap.py); the next round uses the pairs of the checkpoint it keeps, else the
     # freshest ones. Not with InfoCSE++ (its rounds annotate with the supervised model).
@@ -107,4 +113,10 @@ class InfoCSEConfig:
                       why="a share of the documents; 1 leaves nothing to train on")  # fmt: skip
         require_seed(h.seed, "heldout.seed")
         require_range(h.max_sentences_per_document, "heldout.max_sentences_per_document", 2)
+        _require(
+            r.select_by != "heldout_dev_mrr" or h.fraction > 0,
+            "rounds.select_by",
+            "heldout_dev_mrr needs held-out documents: set heldout.fraction > 0, or choose "
+            "rounds by stsb_dev",
+        )
         _require(bool(self.output_dir.strip()), "output_dir", "is empty")

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,13 +101,22 @@ def pair_overlap_on_cluster(previous: str, current: str) -> PairOverlap:
     three counts, whatever the number of pairs."""
     import ray
 
-    def distinct(location: str):
-        keys = ray.data.read_parquet(location, columns=["anchor", "positive"]).map_batches(
-            pair_keys, batch_format="pyarrow"
-        )
-        return keys.groupby(KEY).count().select_columns([KEY]).materialize()
+    rounds = [
+        ray.data.read_parquet(where, columns=["anchor", "positive"])
+        for where in (previous, current)
+    ]
+    # One hash partition per ~2M keys (16 MB of them): Ray Data's default of 200 partitions
+    # costs seconds of task start-up on small rounds. The counts come from Parquet metadata.
+    partitions = max(1, math.ceil(sum(r.count() for r in rounds) / 2_000_000))
 
-    before, after = distinct(previous), distinct(current)
-    both = before.union(after).groupby(KEY).count().rename_columns({"count()": "rounds"})
+    def distinct(pairs):
+        keys = pairs.map_batches(pair_keys, batch_format="pyarrow")
+        return (
+            keys.groupby(KEY, num_partitions=partitions).count().select_columns([KEY]).materialize()
+        )
+
+    before, after = (distinct(pairs) for pairs in rounds)
+    both = before.union(after).groupby(KEY, num_partitions=partitions).count()
+    both = both.rename_columns({"count()": "rounds"})
     common = both.filter(expr="rounds == 2").count()
     return PairOverlap(previous=before.count(), current=after.count(), common=common)

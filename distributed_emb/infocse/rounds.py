@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from distributed_emb import storage
@@ -43,7 +42,7 @@ from distributed_emb.data.documents import read_documents
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
     evaluate_same_document,
-    held_out_doc_ids,
+    held_out_split,
 )
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
@@ -97,7 +96,10 @@ class RoundRecord:
     annotate_s: float = 0.0
     train_s: float = 0.0
     annotated_by: str | None = None  # "teacher" or "self" (the model trained this round)
-    # Same-document retrieval on the held-out documents (heldout.*), × 100.
+    # Same-document retrieval on the held-out documents (heldout.*), × 100: the dev half
+    # (rounds.select_by=heldout_dev_mrr chooses on it) and the test half (reported only).
+    heldout_dev_mrr: float | None = None
+    heldout_dev_recall_at_1: float | None = None
     heldout_mrr: float | None = None
     heldout_recall_at_1: float | None = None
     heldout_recall_at_5: float | None = None
@@ -115,11 +117,18 @@ class RoundRecord:
     resumed: bool = False
 
 
-def evaluate_dev(
-    model_dir: str, config: InfoCSEConfig, heldout: SameDocumentTask | None = None
-) -> dict:
+@dataclass
+class HeldOut:
+    """Same-document retrieval tasks on the two halves of the held-out documents."""
+
+    dev: SameDocumentTask | None
+    test: SameDocumentTask | None
+
+
+def evaluate_dev(model_dir: str, config: InfoCSEConfig, heldout: HeldOut | None = None) -> dict:
     """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process), plus
-    same-document retrieval on the held-out documents and STS-B test when asked."""
+    same-document retrieval on both halves of the held-out documents and STS-B test when
+    asked."""
     training = config.training
     model_dir = storage.local_model_dir(model_dir)
     pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
@@ -141,8 +150,12 @@ def evaluate_dev(
         "retrieval_mrr": retrieval["mrr"],
         "retrieval_recall_at_1": retrieval["recall@1"],
     }
-    if heldout is not None:
-        held = evaluate_same_document(embedder.embed, heldout)
+    if heldout is not None and heldout.dev is not None:
+        held = evaluate_same_document(embedder.embed, heldout.dev)
+        scores["heldout_dev_mrr"] = held["mrr"]
+        scores["heldout_dev_recall_at_1"] = held["recall@1"]
+    if heldout is not None and heldout.test is not None:
+        held = evaluate_same_document(embedder.embed, heldout.test)
         scores["heldout_mrr"] = held["mrr"]
         for k in (1, 5, 10):
             scores[f"heldout_recall_at_{k}"] = held[f"recall@{k}"]
@@ -268,6 +281,14 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
     earlier = state.finished(config, overwrite=config.training.output.resume == "overwrite")
     corpus = read_documents(config.documents)
     documents, heldout = _split_held_out(corpus.dataset, config)
+    if config.rounds.select_by.startswith("heldout_dev") and (
+        heldout is None or heldout.dev is None
+    ):
+        raise ValueError(
+            f"rounds.select_by={config.rounds.select_by}: no held-out dev document has 2 "
+            f"sentences (heldout.fraction={config.heldout.fraction} of {config.documents.paths}); "
+            "raise heldout.fraction or choose rounds by stsb_dev"
+        )
     teacher = _teacher(config)
     if earlier is not None:
         records = [_record(row) for row in earlier["rounds"]]
@@ -348,7 +369,7 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         if _overlaps(config, index, teacher):
             follower = _follow_training(
                 config, documents, annotation_config, index, state, training,
-                _next_round_follows(config, best.stsb_dev, rounds_without_gain),
+                _next_round_follows(config, _selection_score(best, config), rounds_without_gain),
             )  # fmt: skip
         try:
             result = _train(training, callbacks=[follower.feed] if follower else None)
@@ -385,8 +406,9 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         best, rounds_without_gain = _standing(records, config)
         if rounds_without_gain >= config.rounds.patience:
             log.warning(
-                "STS-B dev stopped rising (best %.2f at round %d): stopping",
-                best.stsb_dev,
+                "%s stopped rising (best %.2f at round %d): stopping",
+                config.rounds.select_by,
+                _selection_score(best, config),
                 best.round,
             )
             if follower is not None:
@@ -409,13 +431,19 @@ def _record(row: dict) -> RoundRecord:
     return RoundRecord(**{k: v for k, v in row.items() if k in known})
 
 
+def _selection_score(record: RoundRecord, config: InfoCSEConfig) -> float:
+    """The dev score rounds are chosen and stopped on (rounds.select_by)."""
+    return getattr(record, config.rounds.select_by)
+
+
 def _standing(records: list[RoundRecord], config: InfoCSEConfig) -> tuple[RoundRecord, int]:
     """(the best record so far, rounds since it without a new best) under the stopping rule:
     each round is judged by its last record (its supervised step, with InfoCSE++)."""
     best, without_gain = records[0], 0
     last_of_round = {r.round: r for r in records[1:]}
     for record in (last_of_round[i] for i in sorted(last_of_round)):
-        if record.stsb_dev > best.stsb_dev + config.rounds.min_improvement:
+        score, best_score = _selection_score(record, config), _selection_score(best, config)
+        if score > best_score + config.rounds.min_improvement:
             best, without_gain = record, 0
         else:
             without_gain += 1
@@ -492,10 +520,12 @@ def _follow_training(
 def _next_round_follows(config: InfoCSEConfig, best_dev: float, rounds_without_gain: int):
     """Would a next round run if this round's model were the checkpoint reported? The
     stopping rule of run_rounds applied to the in-training STS-B dev, which scores the same
-    pairs as the round's evaluation when training.eval.max_pairs is unset; with a subset it is
-    not comparable, and every report is worth mining."""
+    pairs as the round's evaluation when rounds are chosen on STS-B dev and
+    training.eval.max_pairs is unset; otherwise (held-out retrieval, or a subset of STS-B dev)
+    it is not comparable, and every report is worth mining."""
     r = config.rounds
-    if config.training.eval.max_pairs is not None or rounds_without_gain + 1 < r.patience:
+    comparable = r.select_by == "stsb_dev" and config.training.eval.max_pairs is None
+    if not comparable or rounds_without_gain + 1 < r.patience:
         return lambda report: True
     return lambda report: report.stsb_dev > best_dev + r.min_improvement
 
@@ -573,6 +603,8 @@ def _training_fields(metrics: dict) -> dict:
 
 _SCORE_FIELDS = (
     "stsb_dev",
+    "heldout_dev_mrr",
+    "heldout_dev_recall_at_1",
     "retrieval_mrr",
     "retrieval_recall_at_1",
     "heldout_mrr",
@@ -624,38 +656,47 @@ def _teacher(config: InfoCSEConfig) -> str | None:
 
 
 def _split_held_out(dataset, config: InfoCSEConfig):
-    """(the documents to annotate and train on, the held-out same-document task or None).
+    """(the documents to annotate and train on, HeldOut or None).
 
-    The split is by document (a hash of doc_id, evaluation/document_retrieval.py); held-out
-    documents never reach annotation or training. Only their doc_ids and the (few) held-out
-    documents come to the driver, which scores them."""
+    The split is by document (a hash of doc_id, evaluation/document_retrieval.py), decided
+    row by row in Ray Data tasks; held-out documents never reach annotation or training. Only
+    the held-out documents come to the driver, which scores them: the dev half chooses rounds
+    (rounds.select_by=heldout_dev_mrr), the test half is reported."""
     h = config.heldout
     if h.fraction == 0:
         return dataset, None
-    ids = [row["doc_id"] for row in dataset.select_columns(["doc_id"]).take_all()]
-    held = pa.array(sorted(held_out_doc_ids(ids, h.fraction, h.seed)), type=pa.string())
 
-    def keep(table: pa.Table, held_out: bool) -> pa.Table:
-        inside = pc.is_in(table.column("doc_id"), value_set=held)
-        return table.filter(inside if held_out else pc.invert(inside))
+    def part(table: pa.Table, split: str | None) -> pa.Table:
+        where = [held_out_split(d, h.fraction, h.seed) == split
+                 for d in table.column("doc_id").to_pylist()]  # fmt: skip
+        return table.filter(pa.array(where, pa.bool_()))
 
-    held_rows = dataset.map_batches(
-        keep, batch_format="pyarrow", fn_kwargs={"held_out": True}
-    ).take_all()
-    training = dataset.map_batches(
-        keep, batch_format="pyarrow", fn_kwargs={"held_out": False}
-    ).materialize()
-    try:
-        task = SameDocumentTask.from_documents(held_rows, h.max_sentences_per_document)
-    except ValueError:
-        log.warning("heldout: no held-out document has 2 sentences; no held-out retrieval")
+    def rows(split: str | None):
+        return dataset.map_batches(part, batch_format="pyarrow", fn_kwargs={"split": split})
+
+    training = rows(None).materialize()
+    tasks = {}
+    for split in ("dev", "test"):
+        try:
+            tasks[split] = SameDocumentTask.from_documents(
+                rows(split).take_all(), h.max_sentences_per_document, f"heldout-{split}"
+            )
+        except ValueError:
+            log.warning("heldout: no %s document has 2 sentences; no %s retrieval", split, split)
+            tasks[split] = None
+    if tasks["dev"] is None and tasks["test"] is None:
         return training, None
     log.warning(
-        "heldout: %d of %d documents held out of training; %d sentences of %d documents as "
-        "same-document retrieval queries",
-        len(held), len(ids), len(task.sentences), task.num_documents,
+        "heldout: documents held out of training, scored by same-document retrieval: dev %s, "
+        "test %s", *(_task_size(tasks[split]) for split in ("dev", "test")),
     )  # fmt: skip
-    return training, task
+    return training, HeldOut(tasks["dev"], tasks["test"])
+
+
+def _task_size(task: SameDocumentTask | None) -> str:
+    if task is None:
+        return "none"
+    return f"{task.num_documents} documents ({len(task.sentences)} queries)"
 
 
 def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: RoundState) -> None:
@@ -677,10 +718,11 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: 
         storage.delete_tree(state.location("model"))
         storage.copy_to_storage(target, state.location("model"))
     log.warning(
-        "best: round %d (%s), STS-B dev %.2f → exported to %s%s",
+        "best: round %d (%s), %s %.2f → exported to %s%s",
         best.round,
         best.stage,
-        best.stsb_dev,
+        config.rounds.select_by,
+        _selection_score(best, config),
         target,
         f" and {state.location('model')}" if state.remote else "",
     )
@@ -688,7 +730,8 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: 
 
 HEADER = (
     f"{'round':>5} {'stage':>10} {'annot by':>8} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
-    f"{'MRR':>6} {'R@1':>6} {'held MRR':>8} {'held R@1':>8} {'held R@10':>9} {'STS-B test':>10} "
+    f"{'MRR':>6} {'R@1':>6} {'dev MRR':>8} {'held MRR':>8} {'held R@1':>8} {'held R@10':>9} "
+    f"{'STS-B test':>10} "
     f"{'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7} {'mined at':>8}"
 )
 
@@ -703,8 +746,9 @@ def format_row(r: RoundRecord) -> str:
     return (
         f"{r.round:>5} {r.stage:>10} {r.annotated_by or '-':>8} {r.pairs:>7} {overlap:>8} "
         f"{r.stsb_dev:>9.2f} {r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} "
-        f"{_cell(r.heldout_mrr, 8)} {_cell(r.heldout_recall_at_1, 8)} "
-        f"{_cell(r.heldout_recall_at_10, 9)} {_cell(r.stsb_test, 10)} {r.train_steps:>5} "
+        f"{_cell(r.heldout_dev_mrr, 8)} {_cell(r.heldout_mrr, 8)} "
+        f"{_cell(r.heldout_recall_at_1, 8)} {_cell(r.heldout_recall_at_10, 9)} "
+        f"{_cell(r.stsb_test, 10)} {r.train_steps:>5} "
         f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f} "
         f"{'-' if r.mined_at_step is None else r.mined_at_step:>8}"
     )
@@ -749,6 +793,7 @@ def rounds_panels(records: list[RoundRecord]) -> list[Panel]:
     ]
     if any(r.heldout_mrr is not None for r in unsupervised):
         held = {
+            "dev MRR": points(unsupervised, "heldout_dev_mrr"),
             "MRR": points(unsupervised, "heldout_mrr"),
             "R@1": points(unsupervised, "heldout_recall_at_1"),
             "R@10": points(unsupervised, "heldout_recall_at_10"),

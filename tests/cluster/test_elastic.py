@@ -8,11 +8,11 @@ workers never share a node. The job asks for `train.num_workers=[1, 2]`:
 
 1. it starts on the one worker node with 1 worker (the autoscaler may run 1 node: no spot
    capacity yet);
-2. once its group is placed, capacity arrives (the autoscaler may run 2 nodes), Ray Train's request for
-   its largest group makes the autoscaler add a second node and the group grows to 2 workers
-   (a resize: it resumes from its last checkpoint). Capacity is held back until then because
-   otherwise the second node may boot before the first group starts, which then starts at 2
-   (on a slow machine it did), and the growth would go unseen;
+2. once its group is placed, capacity arrives (the autoscaler may run 2 nodes): Ray Train's
+   request for its largest group makes the autoscaler add a second node and the group grows
+   to 2 workers (a resize: it resumes from its last checkpoint). Capacity is held back until
+   then because otherwise the second node may boot before the first group starts, which then
+   starts at 2 (on a slow machine it did), and the growth would go unseen;
 3. the node of rank 1 is killed (a spot loss) and the group shrinks back to 1 worker;
 4. the run finishes its steps; the idle node is scaled down afterwards.
 
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pytest
 import requests
-import yaml
 from harness.autoscaling_cluster import (
     RAY_CLI,
     NodeWatcher,
     Timeline,
     base_env,
     cluster_processes,
+    job_runtime_env,
     local_cluster,
     wait_for,
 )
@@ -57,23 +57,6 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 24
 GLOBAL_BATCH = 16  # train.batch_size 8 × at most 2 workers
 STEPS_AT_TWO = 2  # steps the grown group trains before its node is killed
-
-
-def job_runtime_env(extra_env: dict[str, str]) -> str:
-    """cluster/runtime_env.yaml's switches plus `extra_env`, as JSON for `--runtime-env-json`
-    (the CLI takes a file or JSON, not both), without its working_dir.
-
-    Why no working_dir here: fake nodes share the head's session directory, so each node's
-    runtime-env agent unpacks the job's package into the same path, and one of them replaced
-    it (rmtree + unpack) under the running driver, whose working directory then no longer
-    existed (FileNotFoundError from os.getcwd at export). Every fake node already imports this
-    checkout (same machine, same venv); tests/jobs/test_job_submit.py covers `--working-dir`.
-    """
-    runtime_env = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
-    runtime_env.pop("working_dir", None)
-    runtime_env.pop("excludes", None)
-    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra_env}
-    return json.dumps(runtime_env)
 
 
 READ_BACK = textwrap.dedent(

@@ -57,6 +57,7 @@ from harness.processes import process_table, still_running, with_descendants
 from harness.ray_head import HeadPorts, base_env, head_command
 
 RAY_CLI = str(Path(sys.executable).with_name("ray"))
+REPO = Path(__file__).resolve().parents[2]
 WORKER_TYPE = "cpu_worker"  # stands for aws.yaml's gpu_1x_* types
 HEAD_TYPE = "ray.head.default"  # the name the fake provider gives its head
 # Where `(cd tests && python -m harness.autoscaling_cluster up)` records what `down` must stop.
@@ -252,6 +253,23 @@ def start_cluster(
     raise TimeoutError(
         f"local cluster's job API not ready after {startup_timeout_s:.0f} s:\n{tail}"
     )
+
+
+def job_runtime_env(extra_env: dict[str, str]) -> str:
+    """cluster/runtime_env.yaml's switches plus `extra_env`, as JSON for `--runtime-env-json`
+    (the CLI takes a file or JSON, not both), without its working_dir.
+
+    Why no working_dir here: fake nodes share the head's session directory, so each node's
+    runtime-env agent unpacks the job's package into the same path, and one of them replaced
+    it (rmtree + unpack) under the running driver, whose working directory then no longer
+    existed (FileNotFoundError from os.getcwd at export). Every fake node already imports this
+    checkout (same machine, same venv); tests/jobs/test_job_submit.py covers `--working-dir`.
+    """
+    runtime_env = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
+    runtime_env.pop("working_dir", None)
+    runtime_env.pop("excludes", None)
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra_env}
+    return json.dumps(runtime_env)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from distributed_emb.infocse.overlap import (
 
 
 def _version(versions: PairVersions, step: int, pairs: int = 3) -> PairVersion:
-    directory = versions.start(step)
+    directory = Path(versions.start(step))
     (directory / "pairs").mkdir()
     return PairVersion(
         step, 80.0 + step, str(directory / "pairs"), AnnotationCounts(pairs=pairs), 1.0
@@ -38,6 +38,13 @@ def test_a_version_is_read_only_once_committed(tmp_path):
     versions.start(20)
     assert not (tmp_path / "v" / "step_20" / COMMIT_FILE).exists()
     assert [v.step for v in versions.committed()] == [10]
+    # The round adopts one version: the others go, and so does its mining model.
+    (tmp_path / "v" / "step_10" / "model").mkdir()
+    versions.commit(_version(versions, 30))
+    versions.discard_except(10)
+    assert [v.step for v in versions.committed()] == [10]
+    assert not (tmp_path / "v" / "step_10" / "model").exists()
+    assert (tmp_path / "v" / "step_10" / "pairs").is_dir()
 
 
 class Feed:
@@ -63,15 +70,15 @@ class Miner:
         self.mined, self.hold, self.fail = [], {s: threading.Event() for s in hold}, set(fail)
         self.started = {s: threading.Event() for s in hold}
 
-    def __call__(self, report, directory: Path):
+    def __call__(self, report, directory: str):
         if report.step in self.started:
             self.started[report.step].set()
             assert self.hold[report.step].wait(30)
         if report.step in self.fail:
             raise OSError(f"disk full at step {report.step}")
-        (directory / "pairs").mkdir()
+        (Path(directory) / "pairs").mkdir()
         self.mined.append(report.step)
-        return str(directory / "pairs"), AnnotationCounts(pairs=report.step)
+        return str(Path(directory) / "pairs"), AnnotationCounts(pairs=report.step)
 
 
 def _report(step, dev):

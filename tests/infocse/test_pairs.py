@@ -1,21 +1,17 @@
-"""Round-to-round pair overlap and the one-pair-per-document batch arrangement."""
+"""Round-to-round pair overlap (the in-memory reference and its Ray Data version) and the
+written order of a round's pairs (spread over documents, the same on every run)."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from distributed_emb.infocse.pairs import (
-    arrange_by_document,
-    arrange_pairs,
-    pair_overlap,
-    read_pairs,
-)
-
-
-def batches_of(order, doc_ids, batch_size):
-    docs = [doc_ids[i] for i in order]
-    return [docs[k : k + batch_size] for k in range(0, len(docs), batch_size)]
+from distributed_emb.infocse.annotate import spread_keys
+from distributed_emb.infocse.pairs import pair_overlap, pair_overlap_on_cluster, read_pairs
 
 
 def test_overlap_is_unordered_and_by_text():
@@ -32,62 +28,57 @@ def test_overlap_is_unordered_and_by_text():
     assert pair_overlap([], []).jaccard == 1.0
 
 
-def test_arrangement_is_a_permutation_without_repeats_when_possible():
-    rng = np.random.default_rng(0)
-    for trial in range(60):
-        batch_size = int(rng.integers(1, 9))
-        total = int(rng.integers(1, 80))
-        num_batches = -(-total // batch_size)
-        # Document sizes up to num_batches − 1: a repeat-free layout always exists.
-        doc_ids, d = [], 0
-        while len(doc_ids) < total:
-            size = int(rng.integers(1, max(num_batches - 1, 1) + 1))
-            doc_ids += [f"d{d}"] * min(size, total - len(doc_ids))
-            d += 1
-        rng.shuffle(doc_ids)
-        arrangement = arrange_by_document(doc_ids, batch_size, seed=trial)
-        assert sorted(arrangement.order.tolist()) == list(range(total))
-        assert arrangement.num_batches == num_batches
-        chunks = batches_of(arrangement.order, doc_ids, batch_size)
-        repeats = sum(len(set(c)) < len(c) for c in chunks)
-        assert repeats == arrangement.batches_with_repeats
-        assert repeats == 0, (trial, doc_ids, batch_size)
+def _write_round(directory, pairs: list[dict], files: int) -> str:
+    directory.mkdir()
+    for index in range(files):
+        pq.write_table(pa.Table.from_pylist(pairs[index::files]), directory / f"{index}.parquet")
+    return str(directory)
 
 
-def test_document_with_as_many_pairs_as_batches_fits():
-    # 3 batches of 4; document "big" has 3 pairs: it can and must sit in each batch once.
-    doc_ids = ["big"] * 3 + [f"s{i}" for i in range(9)]
-    arrangement = arrange_by_document(doc_ids, batch_size=4, seed=1)
-    assert arrangement.batches_with_repeats == 0 and arrangement.crowded_documents == 0
+@pytest.mark.ray
+def test_the_cluster_overlap_counts_what_the_reference_counts(ray_local, tmp_path):
+    """Repeats within a round, reversed pairs and pairs only one round has, over several
+    files: the counts from Ray Data equal the in-memory reference's."""
+    rng = random.Random(0)
+    texts = [f"sentence {i}" for i in range(60)]
+
+    def mined(count):
+        pairs = []
+        for _ in range(count):
+            a, b = rng.sample(texts, 2)
+            pairs.append({"anchor": a, "positive": b, "doc_id": "d"})
+        return pairs + [{**p, "anchor": p["positive"], "positive": p["anchor"]} for p in pairs[:7]]
+
+    previous, current = mined(300), mined(300)
+    current += previous[:40]  # pairs found again
+    expected = pair_overlap(previous, current)
+    assert 0 < expected.common < expected.current
+    found = pair_overlap_on_cluster(
+        _write_round(tmp_path / "previous", previous, 3),
+        _write_round(tmp_path / "current", current, 2),
+    )
+    assert found == expected
 
 
-def test_crowded_document_repeats_and_is_reported():
-    # 10 pairs of one document, 4 of others, batches of 2 → 7 batches: "big" must repeat.
-    doc_ids = ["big"] * 10 + ["a", "b", "c", "d"]
-    arrangement = arrange_by_document(doc_ids, batch_size=2, seed=0)
-    chunks = batches_of(arrangement.order, doc_ids, 2)
-    assert arrangement.crowded_documents == 1
-    assert arrangement.batches_with_repeats == sum(len(set(c)) < len(c) for c in chunks)
-    assert arrangement.batches_with_repeats == 3  # 10 "big" over 7 batches: 3 doubled at least
+def test_the_written_order_spreads_documents_and_does_not_depend_on_the_input_order():
+    doc_ids = [f"doc{d}" for d in range(20) for _ in range(30)]  # 20 documents × 30 pairs
+    table = pa.table({
+        "doc_id": doc_ids,
+        "anchor": [f"a{i}" for i in range(600)],
+        "positive": [f"p{i}" for i in range(600)],
+    })  # fmt: skip
+    keys = spread_keys(table, seed=3)
+    shuffled = np.random.default_rng(0).permutation(600)
+    # Each pair's key is its own: the same whatever order or batch it arrives in.
+    np.testing.assert_array_equal(spread_keys(table.take(shuffled), seed=3), keys[shuffled])
+    assert not np.array_equal(spread_keys(table, seed=4), keys)  # the seed draws the order
+    written = [doc_ids[i] for i in np.argsort(keys, kind="stable")]
+    distinct = [len(set(written[k : k + 16])) for k in range(0, 600, 16)]
+    # In the annotation's document order a batch of 16 holds 1–2 documents; drawn at random
+    # from 20 equal documents it holds 20·(1 − (19/20)^16) ≈ 11.2 on average.
+    assert np.mean(distinct) > 9
 
 
-def test_seeded_and_last_partial_batch_stays_last():
-    doc_ids = [f"d{i % 7}" for i in range(23)]
-    a = arrange_by_document(doc_ids, batch_size=5, seed=3)
-    b = arrange_by_document(doc_ids, batch_size=5, seed=3)
-    c = arrange_by_document(doc_ids, batch_size=5, seed=4)
-    assert np.array_equal(a.order, b.order)
-    assert not np.array_equal(a.order, c.order)
-    assert len(batches_of(a.order, doc_ids, 5)[-1]) == 3
-
-
-def test_arrange_pairs_and_edge_cases(tmp_path):
-    pairs = [{"anchor": f"a{i}", "positive": f"p{i}", "doc_id": f"d{i % 3}"} for i in range(6)]
-    ordered, arrangement = arrange_pairs(pairs, batch_size=3, seed=0)
-    assert sorted(p["anchor"] for p in ordered) == sorted(p["anchor"] for p in pairs)
-    assert arrangement.batches_with_repeats == 0
-    assert arrange_by_document([], batch_size=4).order.shape == (0,)
-    with pytest.raises(ValueError, match="batch_size"):
-        arrange_by_document(["a"], batch_size=0)
+def test_reading_a_round_without_pairs_names_the_place(tmp_path):
     with pytest.raises(FileNotFoundError, match="no Parquet"):
         read_pairs(str(tmp_path))

@@ -1,13 +1,14 @@
-"""A 2-round InfoCSE run on a tiny BERT through Ray: annotate → train → evaluate → export."""
+"""InfoCSE rounds in pieces: configuration, the student and teacher, the table and plot, the
+stopping rule and failures. The end-to-end runs (annotate → train → evaluate → export, on a
+cluster with the state in a bucket) are tests/cluster/test_infocse_object_storage.py."""
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from distributed_emb.config import ConfigError, load_config
 from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.rounds import RoundRecord, _print_row, _save
 from distributed_emb.tracking import MetricsSinks, read_train_log, write_panels
 
@@ -23,6 +24,11 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
             f"documents.paths=[{documents}]",
             "annotation.pooler=mean",
             "annotation.max_seq_length=32",
+            # Self-annotated, the model itself trained, rounds chosen on STS-B dev.
+            "annotation.model=null",
+            "student.num_layers=null",
+            "rounds.select_by=stsb_dev",
+            "rounds.stsb_test=false",
             f"training.model.path={tiny_bert_path}",
             "training.train.batch_size=8",
             "training.train.max_steps=2",
@@ -37,45 +43,6 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
     )
 
 
-# Two finished runs serve every end-to-end assertion below (each run is a minute on 2 cores):
-# - `self_annotated`: two self-annotated rounds with rounds.overlap (round 2's pairs mined while
-#   round 1 trains), every document trained on;
-# - `teacher_annotated`: a 1-layer student, a teacher for round 1, a quarter of the documents
-#   held out, and rounds.arrange_pairs=false (training streams the annotation shards).
-
-
-def _finished_run(tmp_path_factory, tiny_bert_path, shared_data_dir, name, extra, teacher=False):
-    from conftest import build_tiny_bert
-    from harness.local_ray import start_shared_ray
-
-    from distributed_emb.infocse.rounds import run_rounds
-
-    start_shared_ray()
-    tmp_path = tmp_path_factory.mktemp(name)
-    if teacher:
-        extra = [*extra, f"annotation.model={build_tiny_bert(tmp_path / 'teacher', seed=1)}"]
-    config = _config(tmp_path, tiny_bert_path, shared_data_dir, extra)
-    return config, run_rounds(config), tmp_path / "out"
-
-
-@pytest.fixture(scope="module")
-def self_annotated(tmp_path_factory, tiny_bert_path, shared_data_dir):
-    return _finished_run(
-        tmp_path_factory, tiny_bert_path, shared_data_dir, "self_annotated",
-        ["rounds.overlap=true", "heldout.fraction=0"],
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def teacher_annotated(tmp_path_factory, tiny_bert_path, shared_data_dir):
-    return _finished_run(
-        tmp_path_factory, tiny_bert_path, shared_data_dir, "teacher_annotated",
-        ["student.num_layers=1", "heldout.fraction=0.25", "heldout.seed=1",
-         "rounds.arrange_pairs=false"],
-        teacher=True,
-    )  # fmt: skip
-
-
 def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_data_dir):
     with pytest.raises(ConfigError, match=r"rounds\.max_rounds"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.max_rounds=0"])
@@ -83,48 +50,6 @@ def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_dat
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["training.loss.temperature=0"])
     with pytest.raises(ConfigError, match="documents.paths"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["documents.paths=[/no/such.jsonl]"])
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_two_rounds_annotate_train_and_export_the_best(ray_local, self_annotated):
-    from sentence_transformers import SentenceTransformer
-
-    _, records, out = self_annotated
-
-    stages = [(r.round, r.stage) for r in records]
-    assert stages == [(0, "initial"), (1, "infocse"), (2, "infocse")]
-    assert all(r.pairs > 0 and r.train_steps == 2 for r in records[1:])
-    # A round keeps a trained checkpoint, never its starting model (run_rounds compares rounds).
-    assert all(r.kept_step == 2 and r.last_step_dev is not None for r in records[1:])
-    assert records[2].overlap_with_previous is not None
-    assert 0.0 <= records[2].overlap_with_previous <= 1.0
-    # Round 2 annotated with round 1's model: its input model is round 1's export.
-    saved = json.loads((out / "rounds.json").read_text())
-    best = max(records, key=lambda r: r.stsb_dev)
-    assert saved["best"]["round"] == best.round
-    # The exported model is the best round's model.
-    sentences = ["A man is playing a guitar.", "The stock market fell."]
-    exported = SentenceTransformer(str(out / "model"), device="cpu").encode(sentences)
-    if best.stage != "initial":
-        reference = SentenceTransformer(best.model_dir, device="cpu").encode(sentences)
-        np.testing.assert_allclose(exported, reference, rtol=1e-6, atol=1e-6)
-    assert (out / "rounds.md").read_text().startswith("round")
-    assert Path(records[1].model_dir).is_dir()
-    # One row per round in the rounds' sinks; each round's training has its own run.log with
-    # its step and evaluation lines.
-    logged = read_train_log(out / "rounds_log.jsonl")
-    assert [(r["kind"], r["step"]) for r in logged] == [("rounds", 0), ("rounds", 1), ("rounds", 2)]
-    assert [r["stsb_dev"] for r in logged] == [pytest.approx(r.stsb_dev) for r in records]
-    assert (out / "rounds.png").read_bytes()[:4] == b"\x89PNG"
-    round_log = (out / "round_1" / "train" / "run.log").read_text()
-    assert "step 2/2 STS-B dev Spearman" in round_log
-    # A round's start is the previous round's model, scored by the rounds already: its
-    # training does not score it again (eval.score_start=false), it evaluates trained steps only.
-    train_metrics = json.loads((out / "round_1" / "train" / "metrics.json").read_text())
-    assert [row["step"] for row in train_metrics["history"]] == [2]
-    assert train_metrics["stsb_dev_before"] is None
-    assert "step 0/2 STS-B dev" not in round_log
 
 
 def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_path):
@@ -139,24 +64,6 @@ def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_
     assert (
         _with_fixed_length(AnnotationConfig(max_seq_length=20), str(initial)).max_seq_length == 20
     )
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_a_round_can_stream_its_pairs_straight_from_the_annotation_shards(
-    ray_local, teacher_annotated
-):
-    """rounds.arrange_pairs=false: no driver pass over the pairs; training reads the Parquet
-    shards the annotation actors wrote."""
-    import pyarrow.parquet as pq
-
-    _, records, out = teacher_annotated
-    shards = sorted((out / "round_1" / "pairs").glob("*.parquet"))
-    assert shards and not (out / "round_1" / "pairs_arranged.parquet").exists()
-    mined = sum(pq.ParquetFile(shard).metadata.num_rows for shard in shards)
-    assert records[1].pairs == mined and records[1].train_steps == 2
-    metrics = json.loads((out / "round_1" / "train" / "metrics.json").read_text())
-    assert 0 < metrics["corpus"]["kept"] <= mined  # rows streamed from the shards
 
 
 def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
@@ -186,7 +93,10 @@ def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
     for record in records:
         _print_row(record, sinks)
     sinks.close()
-    _save(records, records[2], tmp_path)
+    _save(records, records[2], tmp_path, RoundState(str(tmp_path), remote=False), InfoCSEConfig())
+    saved = json.loads((tmp_path / "rounds.json").read_text())
+    assert saved["best"]["stage"] == "supervised" and len(saved["rounds"]) == 4
+    assert saved["settings"]["rounds.select_by"] == "stsb_dev"  # what a restart checks
 
     (panels,) = plotted
     dev, retrieval, pairs = panels
@@ -218,13 +128,14 @@ def test_student_and_teacher_resolve_from_the_config(tmp_path, tiny_bert_path, s
     from distributed_emb.infocse.rounds import _initial_model, _teacher
 
     config = _config(tmp_path, tiny_bert_path, shared_data_dir)
-    assert _initial_model(config, tmp_path) == tiny_bert_path  # no student: the model itself
+    state = RoundState(str(tmp_path), remote=False)
+    assert _initial_model(config, tmp_path, state) == tiny_bert_path  # no student: the model
     assert _teacher(config) is None  # no teacher: every round self-annotated
     config = _config(
         tmp_path, tiny_bert_path, shared_data_dir,
         ["student.num_layers=1", "annotation.model=source"],
     )  # fmt: skip
-    student = _initial_model(config, tmp_path)
+    student = _initial_model(config, tmp_path, state)
     assert student == str(tmp_path / "student")
     assert AutoConfig.from_pretrained(student).num_hidden_layers == 1
     assert _teacher(config) == tiny_bert_path  # "source": the uncut model
@@ -252,79 +163,6 @@ def test_held_out_retrieval_is_a_row_column_and_a_panel(tmp_path):
     held = rounds_panels(records)[-1]
     assert held.series["R@1"] == [(0, 20.0), (1, 22.5)]
     assert held.series["MRR"] == [(0, 30.0), (1, 33.0)]
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_unseen(
-    ray_local, teacher_annotated
-):
-    """A 1-layer student of the tiny BERT; a different tiny BERT as teacher for round 1.
-    Round 1's pairs are exactly the teacher's (single-process reference) on the training
-    documents; no pair comes from a held-out document; round 2 is self-annotated."""
-    from distributed_emb.evaluation.document_retrieval import held_out_doc_ids
-    from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
-    from distributed_emb.infocse.pairs import read_pairs
-
-    config, records, out = teacher_annotated
-    teacher = config.annotation.model
-    assert [(r.round, r.annotated_by) for r in records] == [(0, None), (1, "teacher"), (2, "self")]
-    assert all(r.heldout_mrr is not None and 0 < r.heldout_recall_at_10 <= 100 for r in records)
-
-    documents = [
-        json.loads(line) for line in Path(config.documents.paths[0]).read_text().splitlines()
-    ]
-    held = held_out_doc_ids([d["id"] for d in documents], 0.25, seed=1)
-    assert 0 < len(held) < len(documents)
-    training = [{"doc_id": d["id"], "sentences": d["sentences"]} for d in documents
-                if d["id"] not in held]  # fmt: skip
-    annotation = AnnotationConfig(pooler="mean", max_seq_length=32)
-    expected, _ = annotate_documents_locally(training, teacher, round_index=1, config=annotation)
-
-    def key(rows):
-        return sorted((r["doc_id"], r["anchor"], r["positive"]) for r in rows)
-
-    round_1 = read_pairs(str(out / "round_1" / "pairs"))
-    assert key(round_1) == key(expected)
-    round_2 = read_pairs(str(out / "round_2" / "pairs"))
-    assert not {r["doc_id"] for r in round_1 + round_2} & held
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_overlapped_annotation_mines_the_next_rounds_pairs_with_the_kept_checkpoint(
-    ray_local, self_annotated
-):
-    """rounds.overlap=true under Ray Train: round 1's registered checkpoint reaches the driver
-    through the Train controller's callback, round 2's pairs are mined with it while round 1
-    finishes, and they are exactly the pairs round 1's model mines after training (a
-    single-process reference), as sequential rounds would have them."""
-    from distributed_emb.data.documents import read_documents_locally
-    from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
-    from distributed_emb.infocse.pairs import read_pairs
-
-    # One trained evaluation per round (step 2 of 2): the kept step is the one mined.
-    config, records, out = self_annotated
-    assert [(r.round, r.mined_at_step) for r in records] == [(0, None), (1, None), (2, 2)]
-    assert records[1].kept_step == 2
-    assert records[2].overlapped_annotate_s > 0 and records[2].pairs > 0
-    assert not (out / "round_1" / "next_round_pairs").exists()  # the versions were cleared
-    source = json.loads((out / "round_2" / "pairs_source.json").read_text())
-    assert source["mined_at_step"] == 2
-
-    training, _ = read_documents_locally(config.documents, log=False)  # what round 2 annotated
-    annotation = AnnotationConfig(pooler="mean", max_seq_length=32)
-    expected, reference = annotate_documents_locally(
-        training, records[1].model_dir, round_index=2, config=annotation
-    )
-
-    def key(rows):
-        return sorted((r["doc_id"], r["anchor"], r["positive"], r["round"]) for r in rows)
-
-    assert key(read_pairs(str(out / "round_2" / "pairs"))) == key(expected)
-    assert records[2].pairs == reference.counts.pairs
-    table = (out / "rounds.md").read_text().splitlines()
-    assert "mined at" in table[0] and table[3].split()[-1] == "2"
 
 
 def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
@@ -376,12 +214,12 @@ def test_a_round_that_fails_after_its_annotation_started_stops_the_mining_thread
 
     monkeypatch.setattr(rounds, "read_documents", lambda spec: SimpleNamespace(dataset=None))
     monkeypatch.setattr(rounds, "_split_held_out", lambda dataset, config: (dataset, None))
-    monkeypatch.setattr(rounds, "_initial_model", lambda config, output: tiny_bert_path)
+    monkeypatch.setattr(rounds, "_initial_model", lambda config, output, state: tiny_bert_path)
     monkeypatch.setattr(rounds, "_teacher", lambda config: None)
-    counts = SimpleNamespace(pairs=0, documents=0, documents_without_pairs=0)
-    annotated = SimpleNamespace(counts=counts, wall_seconds=0.0)
+    from distributed_emb.infocse.annotate import AnnotationCounts, AnnotationResult
+
+    annotated = AnnotationResult(AnnotationCounts(), 0.0, str(tmp_path / "pairs"))
     monkeypatch.setattr(rounds, "annotate_documents", lambda *args, **kwargs: annotated)
-    monkeypatch.setattr(rounds, "_arranged_pairs_file", lambda *args: ([], 0))
     monkeypatch.setattr(rounds, "_follow_training", lambda *args: follower)
     monkeypatch.setattr(rounds, "_train", train)
     monkeypatch.setattr(rounds, "evaluate_dev", evaluate)
@@ -389,3 +227,33 @@ def test_a_round_that_fails_after_its_annotation_started_stops_the_mining_thread
     with pytest.raises(RuntimeError, match="worker lost" if failing == "training" else "dev set"):
         rounds.run_rounds(config)
     assert closed == [0]
+
+
+def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
+    tmp_path, tiny_bert_path, shared_data_dir
+):
+    """rounds.select_by names the dev score that picks the export and counts rounds without
+    gain; the held-out test half and STS-B test never choose."""
+    from distributed_emb.infocse.rounds import _standing
+
+    def record(index, stsb_dev, heldout_dev_mrr, heldout_mrr):
+        return RoundRecord(index, "initial" if index == 0 else "infocse", f"m{index}",
+                           stsb_dev=stsb_dev, heldout_dev_mrr=heldout_dev_mrr,
+                           heldout_mrr=heldout_mrr, stsb_test=99.0 - index)  # fmt: skip
+
+    records = [
+        record(0, 80.0, 40.0, 40.0),
+        record(1, 79.0, 45.0, 30.0),
+        record(2, 78.0, 44.0, 60.0),
+    ]
+    selected = ["rounds.select_by=heldout_dev_mrr", "heldout.fraction=0.2"]
+    by_retrieval = _config(tmp_path, tiny_bert_path, shared_data_dir, selected)
+    best, without_gain = _standing(records, by_retrieval)
+    assert (best.round, without_gain) == (1, 1)
+    by_sts = _config(tmp_path, tiny_bert_path, shared_data_dir)
+    assert [(r.round, n) for r, n in [_standing(records, by_sts)]] == [(0, 2)]
+    with pytest.raises(ConfigError, match=r"rounds\.select_by"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir,
+                ["rounds.select_by=heldout_dev_mrr", "heldout.fraction=0"])  # fmt: skip
+    with pytest.raises(ConfigError, match="rounds.arrange_pairs was removed"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.arrange_pairs=false"])

@@ -249,15 +249,19 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
     for index in (1, 2):
         for stage in ("train", "supervised"):
             out = tmp_path / "infocse" / f"round_{index}" / stage
-            rounds._train(rounds._training_config(config, "model", "pairs.parquet", str(out)))
+            name = f"round_{index}-{stage}"
+            rounds._train(rounds._training_config(config, "model", "p", str(out), name))
     assert [o.run_name for o in names] == [
         "infocse-round_1-train",
         "infocse-round_1-supervised",
         "infocse-round_2-train",
         "infocse-round_2-supervised",
     ]
-    # A round is started afresh on a rerun (its directory is deleted): so is its run.
+    # A round started afresh deletes what an earlier attempt of it left; one whose pairs an
+    # earlier attempt committed continues its training.
     assert {o.resume for o in names} == {"overwrite"}
+    continued = rounds._training_config(config, "model", "p", str(out), "r", resume="auto")
+    assert continued.output.resume == "auto"
 
 
 # --- against a real run --------------------------------------------------------------------
