@@ -294,8 +294,8 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         records = [_record(row) for row in earlier["rounds"]]
         log.warning("continuing the rounds in %s after round %d", state.root, records[-1].round)
         initial = records[0].model_dir
-        for record in records:
-            log.warning("InfoCSE %s", format_row(record))
+        for record in records:  # the sinks (started afresh) get the earlier rows again
+            _print_row(record, sinks)
     else:
         initial = _initial_model(config, output, state)
         scores = evaluate_dev(initial, config, heldout)
