@@ -6,7 +6,7 @@ An InfoCSE round's driver annotates the documents with a pool of Ray actors and 
 positive pairs with Ray Data tasks; the round-to-round overlap is computed by Ray Data tasks
 too. Nothing holds the documents or the pairs on the driver, so its peak memory should not grow
 with the corpus. Measured here for N and 10·N generated documents (2,000 and 20,000; `--quick`
-200 and 2,000):
+30 and 300, for the smoke test):
 
 - documents: N JSONL rows ``{"id", "sentences"}``, each with a seeded random 5–30 sentences of
   6–20 words drawn from a few hundred English words (real tokens for the tokenizer); the first
@@ -47,7 +47,7 @@ from pathlib import Path
 from distributed_emb.tables import markdown_table
 
 FULL = (2_000, 20_000)
-QUICK = (200, 2_000)
+QUICK = (30, 300)
 SEED = 0
 OBJECT_STORE_BYTES = 512 * 2**20
 # The environment a job runs in (cli.ENVIRONMENT_DEFAULTS): offline, one tokenizer thread.
@@ -219,7 +219,7 @@ def measure(documents: int, documents_path: Path, model_dir: str, workdir: Path)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON line")
-    parser.add_argument("--quick", action="store_true", help="200 and 2,000 documents (tests)")
+    parser.add_argument("--quick", action="store_true", help="30 and 300 documents (tests)")
     parser.add_argument("--workdir", default=None, help="default: a temporary directory")
     # The child processes' modes.
     parser.add_argument("--_drive", help=argparse.SUPPRESS)

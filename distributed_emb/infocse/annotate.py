@@ -255,6 +255,22 @@ def _pairs_with_spread_key(table: pa.Table, round_index: int, seed: int) -> pa.T
     return pairs.append_column(SPREAD_KEY, pa.array(spread_keys(pairs, seed), pa.uint64()))
 
 
+def documents_per_block(documents: int, config: AnnotationConfig) -> int:
+    """Documents per Ray Data block (one actor task, several encode calls of
+    documents_per_batch). Two pulls decide it:
+    - balance: blocks are handed out at most two at a time per actor, and documents differ in
+      length by 100× (4–637 sentences in the shipped wiki corpus); with few large blocks one
+      actor sat alone on the wiki tail for a third of the run. So at least 8 blocks an actor;
+    - the driver's memory: a task result under 100 KiB (Ray's max_direct_call_object_size) is
+      kept in the memory of the process that owns it, the driver, not in the object store. An
+      8-document block's pairs (~80 KB) all stayed there: 1.8× the driver's peak at 10× the
+      documents (bench/infocse_scale.py). Up to 16 batches a block keep results above it.
+    """
+    batch = config.documents_per_batch
+    balanced = documents // (8 * config.concurrency)
+    return max(batch, min(16 * batch, balanced // batch * batch))
+
+
 def _check_output_dir(output_dir: str) -> None:
     if has_files(output_dir):
         raise FileExistsError(
@@ -306,11 +322,8 @@ def annotate_documents(
     start = time.perf_counter()
     hint = "fix: annotation.concurrency, annotation.num_cpus_per_actor or the cluster's nodes"
     with no_silent_stall(config.stall_timeout_s, hint=hint):
-        # Small blocks handed out at most two at a time per actor, so the pool balances itself:
-        # documents differ in length by 100× (4–637 sentences in the shipped wiki corpus), and
-        # with 32-document blocks queued up front one actor sat alone on the wiki tail for a
-        # third of the run.
-        documents = documents.repartition(target_num_rows_per_block=config.documents_per_batch)
+        block = documents_per_block(documents.count(), config)
+        documents = documents.repartition(target_num_rows_per_block=block)
         annotated = documents.map_batches(
             DocumentAnnotator,
             fn_constructor_kwargs={"model_path": model_path, "config": config},
