@@ -3,7 +3,8 @@ fp32 (TF32 matmuls), DDP with the encoder compiled (`train.compile=true`; warm-u
 the compiling), DeepSpeed ZeRO-2.
 
 Randomly initialised encoders (no weights needed) of BERT-base's shape and of the default
-encoder's (all-MiniLM-L6-v2: 384 wide, 6 layers), seq 32, per-GPU batch 128 and 512 (each step embeds 2B sequences: two dropout views), the project's real step
+encoder's (all-MiniLM-L6-v2: 384 wide, 6 layers), seq 32, per-GPU batch 128 and 512 (each
+step embeds 2B sequences: two dropout views), the project's real step
 (train/step.py) through the project's engines (train/engine.py, train/deepspeed_engine.py).
 The bf16 dense-matmul rate is measured in the same run and MFU is reported against it and
 against the datasheet peak.
@@ -208,8 +209,8 @@ def main() -> None:
     if args.output:
         Path(args.output).write_text(json.dumps(summary, indent=2))
     print(
-        f"\n{device_name}, torch {torch.__version__}, seq {args.seq}, bf16 unless +fp32; measured dense "
-        f"bf16 matmul {measured:.0f} TFLOP/s (datasheet {DATASHEET_BF16_TFLOPS:.0f})"
+        f"\n{device_name}, torch {torch.__version__}, seq {args.seq}, bf16 unless +fp32; "
+        f"measured dense bf16 matmul {measured:.0f} TFLOP/s (datasheet {DATASHEET_BF16_TFLOPS:.0f})"
     )
     print(
         f"{'shape':7} {'engine':12} {'batch':>6} {'step ms':>8} {'sent/s':>9} {'TFLOP/s':>8} "
@@ -217,7 +218,8 @@ def main() -> None:
     )
     for row in rows:
         if "error" in row:
-            print(f"{row['shape']:7} {row['engine']:12} {row['batch']:>6} error: {row['error'][:80]}")
+            label = f"{row['shape']:7} {row['engine']:12} {row['batch']:>6}"
+            print(f"{label} error: {row['error'][:80]}")
             continue
         peak = f"{row['peak_gib']:.1f}" if row["peak_gib"] is not None else "-"
         print(

@@ -499,11 +499,15 @@ def _follow_training(
 
     def mine(report, directory: str):
         model_location = storage.join(directory, "model")
-        with report.checkpoint.as_directory() as checkpoint_dir:
+        # The checkpoint is copied into a directory of this thread's own: `as_directory` of a
+        # checkpoint on object storage shares one temp directory per checkpoint in the
+        # process, and the training's driver reads the same checkpoint at the same time (the
+        # one it ends on), so one side deleted it under the other.
+        with tempfile.TemporaryDirectory() as scratch:
+            checkpoint_dir = report.checkpoint.to_directory(f"{scratch}/checkpoint")
             if state.remote:  # exported here, then put where the actors' nodes reach it
-                with tempfile.TemporaryDirectory() as scratch:
-                    local = export_checkpoint(training, checkpoint_dir, f"{scratch}/model")
-                    storage.copy_to_storage(local, model_location)
+                local = export_checkpoint(training, checkpoint_dir, f"{scratch}/model")
+                storage.copy_to_storage(local, model_location)
             else:
                 export_checkpoint(training, checkpoint_dir, model_location)
         pairs_location = storage.join(directory, "pairs")

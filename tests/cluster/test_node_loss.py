@@ -167,12 +167,15 @@ def _lose_an_annotating_node(cluster, timeline: Timeline, stop, seen: dict):
 
 
 def test_annotation_node_lost_mid_run_mines_the_same_pairs(cluster, tmp_path, tiny_bert_path):
+    import numpy as np
+    import pyarrow as pa
     import ray
 
     from distributed_emb.infocse.annotate import (
         AnnotationConfig,
         annotate_documents,
         annotate_documents_locally,
+        spread_keys,
     )
     from distributed_emb.infocse.idc import IDCConfig
     from distributed_emb.infocse.pairs import read_pairs
@@ -215,11 +218,12 @@ def test_annotation_node_lost_mid_run_mines_the_same_pairs(cluster, tmp_path, ti
     batches = len(documents) // config.documents_per_batch
     assert seen["batches_before"] < batches, "the loss came after the last batch"
     # The undisturbed run: one process, every document alone (tests/infocse/test_annotate.py
-    # shows it equals an undisturbed Ray run), in doc_id order as annotate_documents writes.
+    # shows it equals an undisturbed Ray run), in the spread order annotate_documents writes.
     reference, undisturbed = annotate_documents_locally(
         documents, tiny_bert_path, round_index=1, config=config
     )
-    expected = sorted(reference, key=lambda pair: pair["doc_id"])  # stable: in-document order
+    keys = spread_keys(pa.Table.from_pylist(reference), seed=config.idc.seed + 1)
+    expected = [reference[i] for i in np.argsort(keys, kind="stable")]
     mined = read_pairs(str(tmp_path / "pairs"))
     assert len(mined) == len(expected) > 0
     assert mined == expected  # same pairs, none twice, none lost, same order
