@@ -11,8 +11,11 @@ workers never share a node. The job asks for `train.num_workers=[1, 2]`:
 2. once its group is placed, capacity arrives (the autoscaler may run 2 nodes): Ray Train's
    request for its largest group makes the autoscaler add a second node and the group grows
    to 2 workers (a resize: it resumes from its last checkpoint). Capacity is held back until
-   then because otherwise the second node may boot before the first group starts, which then
-   starts at 2 (on a slow machine it did), and the growth would go unseen;
+   then because otherwise the second node may boot before the first group is placed, which
+   is then placed at 2 (on a slow machine it was), and the growth would go unseen. The
+   groups are followed as Ray places them (their RayTrainWorker actors), not only as they
+   train: on a slow machine the second node is up before the first group's workers have
+   imported torch, and Ray Train grows the group before it trains a step — still a growth;
 3. the node of rank 1 is killed (a spot loss) and the group shrinks back to 1 worker;
 4. the run finishes its steps; the idle node is scaled down afterwards.
 
@@ -93,14 +96,17 @@ def kill_node(cluster, node_id: str) -> list[int]:
 
 
 class GroupWatcher(threading.Thread):
-    """Follows the run through its row log: records each new worker group (attempt and size);
-    once the first group is placed, lets the autoscaler run a second node; once the group has
-    grown to 2 and trained STEPS_AT_TWO steps, kills rank 1's node."""
+    """Follows the run through the State API and its row log: records each worker group as it
+    is placed and as it trains (attempt and size). Once the first group is placed, lets the
+    autoscaler run a second node; once the group has grown to 2 and trained STEPS_AT_TWO
+    steps, kills rank 1's node."""
 
     def __init__(self, cluster, output: Path, timeline: Timeline) -> None:
         super().__init__(daemon=True)
         self.cluster, self.output, self.timeline = cluster, output, timeline
         self.groups: dict[int, int] = {}  # attempt → ranks seen in its records
+        # placement group → its RayTrainWorker actor ids, in the order groups were placed
+        self.placed: dict[str, set[str]] = {}
         self.killed: list[int] = []
         self.capacity_added = False
         self._halt = threading.Event()
@@ -116,7 +122,8 @@ class GroupWatcher(threading.Thread):
                 if len(ranks) > self.groups.get(attempt, 0):
                     self.groups[attempt] = len(ranks)
                     self.timeline.add(f"attempt {attempt} trains on {len(ranks)} worker(s)")
-            if not self.capacity_added and self._first_group_placed():
+            self._follow_placement()
+            if not self.capacity_added and self.placed:
                 self.cluster.set_max_workers(2)
                 self.capacity_added = True
                 self.timeline.add("capacity for a second node")
@@ -127,13 +134,24 @@ class GroupWatcher(threading.Thread):
                     self._kill_rank_one()
             self._halt.wait(0.5)
 
-    def _first_group_placed(self) -> bool:
-        """The first worker group's actors exist: it was sized while one node could run."""
+    def _follow_placement(self) -> None:
+        """Records each worker group Ray Train places, by its placement group (each group
+        has its own) and the RayTrainWorker actors in it, dead ones included."""
         try:
             workers = self.cluster.state("actors", class_name="RayTrainWorker")
         except requests.RequestException:
-            return False
-        return any(actor["state"] == "ALIVE" for actor in workers)
+            return
+        for actor in workers:
+            group = actor.get("placement_group_id")
+            if not group:
+                continue
+            if group not in self.placed:
+                self.placed[group] = set()
+                self.timeline.add(f"worker group {len(self.placed)} placed")
+            self.placed[group].add(actor["actor_id"])
+
+    def placed_sizes(self) -> list[int]:
+        return [len(actors) for actors in self.placed.values()]
 
     def _kill_rank_one(self) -> None:
         with_rank = [
@@ -239,8 +257,9 @@ def test_the_group_grows_with_the_autoscaler_shrinks_on_node_loss_and_trains_eve
 
     assert submitted.returncode == 0, logs[-6000:]
     assert status["status"] == "SUCCEEDED", (status, logs[-6000:])
-    sizes = [groups.groups[a] for a in sorted(groups.groups)]
-    assert sizes[0] == 1, f"the run did not start on one worker:\n{timeline}"
+    placed = groups.placed_sizes()
+    assert placed and placed[0] == 1, f"the run was not placed on one worker:\n{timeline}"
+    sizes = [groups.groups[a] for a in sorted(groups.groups)]  # sizes of the groups that trained
     assert 2 in sizes, f"the group never grew to 2 workers:\n{timeline}"
     assert groups.killed, f"no node was killed:\n{timeline}"
     after_kill = sizes[sizes.index(2) + 1 :]
