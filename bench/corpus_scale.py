@@ -1,7 +1,7 @@
 """Streaming corpora at scale: time to the first training batch and memory from 1M to 20M
 sentences, and the streaming path's delivery rate against the in-memory path it replaced.
 
-    python bench/corpus_scale.py --sizes 1000000 5000000 20000000 --workdir /tmp/corpus_scale
+    python -m bench.corpus_scale --sizes 1000000 5000000 20000000 --workdir /tmp/corpus_scale
 
 For each size, generated Parquet shards (1M sentences each: the shipped Wikipedia sentences,
 numbered so that every row is distinct) are read the way a training run reads them: the driver

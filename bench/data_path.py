@@ -103,7 +103,7 @@ def time_data_path(
 # ---------------------------------------------------------------------------------------------
 # Delivery into one consumer: tokenising in Ray Data, and from tokenised shards
 #
-#     python bench/data_path.py --json [--corpus DIR_OF_PARQUET] [--data-cpus 1 2]
+#     python -m bench.data_path --json [--corpus DIR_OF_PARQUET] [--data-cpus 1 2]
 #
 # A Train worker's view of the stream (rank 0 of 1: the run's feeder actor and the rank's
 # RankStream, data/global_batches.py), each setting in a fresh process with its own Ray of
@@ -243,7 +243,6 @@ def main(argv=None) -> int:
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread means one thread
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     from distributed_emb.paths import default_model_path
 
     model = args.model or default_model_path()

@@ -1,6 +1,6 @@
 """The one data stream at scale: what W ranks cost the data path, and what a resume costs.
 
-    python bench/data_scaling.py --json [--quick] [--workdir /tmp/distributed_emb_data_scaling]
+    python -m bench.data_scaling --json [--quick] [--workdir /tmp/distributed_emb_data_scaling]
 
 Ranks (one corpus of generated Parquet shards, every row distinct and clean: 1M sentences in 8
 shards, `--quick` 50k): for W = 1, 2, 4, one epoch through the product's path (text_source →
@@ -44,12 +44,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.corpus_scale import write_shards
 from distributed_emb.tables import markdown_table
-
-if __package__:  # python -m bench.data_scaling
-    from bench.corpus_scale import write_shards
-else:  # python bench/data_scaling.py: bench/ is the script's directory, first on sys.path
-    from corpus_scale import write_shards
 
 WORLDS = (1, 2, 4)
 FULL = {

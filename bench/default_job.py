@@ -1,7 +1,7 @@
 """The benchmark users care about: `python jobs/train_informin.py` as they run it, against the
 naive single-process script and sentence-transformers' SimCSE recipe at the same global batch.
 
-    python bench/default_job.py [--rounds 2] [--steps 20] [--job "label=key=v,key=v" ...]
+    python -m bench.default_job [--rounds 2] [--steps 20] [--job "label=key=v,key=v" ...]
 
 Each round runs every contender back to back, the order rotating by round, so load drift on a
 shared machine hits all of them alike; only ratios within a round mean anything, and the
@@ -35,11 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.machine import describe_machine, uptime_line
+from distributed_emb.tables import markdown_table
 
-from bench.machine import describe_machine, uptime_line  # noqa: E402
-from distributed_emb.tables import markdown_table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 NAIVE = "naive script (1 process, fp32, global batch in one step)"
 RECIPE = "sentence-transformers SimCSE recipe (MNRL)"
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     result = {
         "machine": describe_machine(),
-        "command": " ".join(["python bench/default_job.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m bench.default_job", *(argv or sys.argv[1:])]),
         "load": loads,
         "matmul_gflops": rate / 1e9,
         "rows": rows,

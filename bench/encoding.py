@@ -1,6 +1,6 @@
 """Evaluation encoding against `SentenceTransformer.encode`, on one machine.
 
-    python bench/encoding.py [--rounds 2] [--sentences N]
+    python -m bench.encoding [--rounds 2] [--sentences N]
 
 The distinct sentences of the shipped STS-B dev and test sets (what `jobs/evaluate.py` embeds
 for STS-B), the packaged all-MiniLM-L6-v2 at its own max length, batch 128. Three arms, each
@@ -25,18 +25,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
-
-from distributed_emb.cli import environment_defaults  # noqa: E402  (sets offline first)
-from distributed_emb.evaluation.senteval_data import read_sts_benchmark  # noqa: E402
-from distributed_emb.model.embedder import make_encoder, ray_encode  # noqa: E402
-from distributed_emb.paths import default_model_path, shipped_senteval_dir  # noqa: E402
+# First: importing it sets the jobs' environment defaults (hub offline) before the imports
+# below bring in the hub client, which reads them once.
+from distributed_emb.runtime import environment_defaults  # isort: skip
+from distributed_emb.evaluation.senteval_data import read_sts_benchmark
+from distributed_emb.model.embedder import make_encoder, ray_encode
+from distributed_emb.paths import default_model_path, shipped_senteval_dir
 
 BATCH = 128
 

@@ -10,7 +10,7 @@ The bf16 dense-matmul rate is measured in the same run and MFU is reported again
 against the datasheet peak.
 
     bash bench/gpu_check.sh            # on a GPU machine; prints the table last
-    python bench/gpu_check.py --tiny --device cpu   # a seconds-long smoke run anywhere
+    python -m bench.gpu_check --tiny --device cpu   # a seconds-long smoke run anywhere
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package, uninstalled
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 out="${OUT:-/tmp}"
-timeout 300 python3 bench/gpu_check.py --device cuda --shapes base --batches 128,512 \
+timeout 300 python3 -m bench.gpu_check --device cuda --shapes base --batches 128,512 \
   --engines ddp,ddp+fp32,ddp+compile,zero2 --steps 20 --warmup 5 --output "$out/gpu_check_base.json"
-timeout 100 python3 bench/gpu_check.py --device cuda --shapes minilm --batches 128,512 \
+timeout 100 python3 -m bench.gpu_check --device cuda --shapes minilm --batches 128,512 \
   --engines ddp,ddp+fp32 --steps 20 --warmup 5 --output "$out/gpu_check_minilm.json"

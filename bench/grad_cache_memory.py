@@ -1,8 +1,8 @@
 """GradCache's price and payoff: peak memory per worker and sentences/s, with and without it.
 
-    python bench/grad_cache_memory.py [--global-batches 256,1024,4096] [--mini-batch-size 64]
+    python -m bench.grad_cache_memory [--global-batches 256,1024,4096] [--mini-batch-size 64]
         [--no-cache-max 512] [--steps 1] [--json out.json]
-    python bench/grad_cache_memory.py [--json out.json] --watch python jobs/train_informin.py ...
+    python -m bench.grad_cache_memory [--json out.json] --watch python jobs/train_informin.py ...
 
 For each global batch G and each mode (plain step, cached step with mini-batches of m), two
 fresh worker processes (gloo, as Ray Train's CPU workers) load the packaged all-MiniLM-L6-v2

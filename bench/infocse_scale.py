@@ -1,6 +1,6 @@
 """InfoCSE at 10× the documents: the driver's peak memory stays flat.
 
-    python bench/infocse_scale.py --json [--quick] [--workdir DIR]
+    python -m bench.infocse_scale --json [--quick] [--workdir DIR]
 
 An InfoCSE round's driver annotates the documents with a pool of Ray actors and writes the
 positive pairs with Ray Data tasks; the round-to-round overlap is computed by Ray Data tasks
@@ -50,7 +50,7 @@ FULL = (2_000, 20_000)
 QUICK = (30, 300)
 SEED = 0
 OBJECT_STORE_BYTES = 512 * 2**20
-# The environment a job runs in (cli.ENVIRONMENT_DEFAULTS): offline, one tokenizer thread.
+# The environment a job runs in (runtime.ENVIRONMENT_DEFAULTS): offline, one tokenizer thread.
 ENVIRONMENT = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",

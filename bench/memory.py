@@ -1,6 +1,6 @@
 """Peak resident memory of one worker's training step, measured in a fresh process.
 
-    python bench/memory.py --model DIR --batch 32 --seq 32 --threads 1
+    python -m bench.memory --model DIR --batch 32 --seq 32 --threads 1
 
 Builds what a Ray Train worker builds (the project's TrainableEncoder, the DDP engine with its
 AdamW state, the real step from train/step.py) and runs steps on full-length batches (every

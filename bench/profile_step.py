@@ -1,6 +1,6 @@
 """Where a training step's time goes: the project's step under torch.profiler.
 
-    python bench/profile_step.py [--model DIR] [--batch 32] [--seq 32] [--threads 1]
+    python -m bench.profile_step [--model DIR] [--batch 32] [--seq 32] [--threads 1]
 
 What each Ray Train worker runs per step, in this process (no Ray, so the profile holds only
 the step itself): the worker's collator on real corpus sentences, `plain_step` (one forward of

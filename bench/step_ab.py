@@ -14,7 +14,7 @@ Variants:
 - bf16: `train.precision=bf16` autocast (losses stay fp32);
 - compiled (not in the bench's section 7, compiling takes minutes): `train.compile=true`.
 
-    python bench/step_ab.py --variants default,compiled --steps 16   # compile A/B alone
+    python -m bench.step_ab --variants default,compiled --steps 16   # compile A/B alone
 """
 
 from __future__ import annotations

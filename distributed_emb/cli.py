@@ -1,97 +1,162 @@
-"""Shared command-line plumbing for the jobs: config parsing, logging, connecting to Ray."""
+"""The one way into every job: `run_job(Job(...))` parses the command line, loads and validates
+the config, runs the job's checks before Ray starts, sets up logging, joins or starts Ray and runs
+the job, and owns how failures reach the user (one line naming the key, path or file, exit
+status 2) — a file in jobs/ declares only what is its own. Also `--help`'s key listing."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import inspect
 import io
 import json
 import logging
-import os
 import re
-import secrets
-import socket
 import sys
 import textwrap
 import tokenize
+import traceback
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config, to_dict
-from distributed_emb.data.corpus import check_small_corpus
-from distributed_emb.data.sources import CorpusError
-from distributed_emb.resource_plan import cluster_from_ray, training_plan
-from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
-from distributed_emb.train.run_identity import RunIdentityError, prepare_run
+from distributed_emb.config import ConfigError, load_config, to_dict
+from distributed_emb.errors import UserInputError
+from distributed_emb.runtime import LOG_FORMAT, setup_logging, start_ray
 
 log = logging.getLogger("distributed_emb")
 
-WORKER_SETUP_HOOK = "distributed_emb.tracking.quiet_worker_setup"
+EXIT_USAGE = 2  # bad input: a setting, path, file, bucket or model directory (argparse's too)
 
 
-# Set in this process and passed to every Ray worker (start_ray) unless the user set them:
-# - HF_HUB_OFFLINE: no hub access at run time unless the user opts in (HF_HUB_OFFLINE=0);
-# - TOKENIZERS_PARALLELISM: one thread per tokenising process, which Ray already runs many of;
-# - HF_HUB_DISABLE_PROGRESS_BARS: no "Loading weights" bar each time a Train worker, Tune
-#   trial or annotation actor loads the model (transformers reads it at import);
-# - RAY_DATA_PARQUET_FOOTER_NUM_ACTORS: Ray Data (2.60) lists the files of every read_parquet
-#   (the token cache, data/token_cache.py) through a pool of footer-reading actors, 32 new
-#   worker processes per read however few the files. A search's one-file token cache took 97 s
-#   to list on a 2-core cluster while they started, against 3 s with 2; two actors, each with
-#   Ray's 128 concurrent reads, still list thousands of object-store files in parallel.
-ENVIRONMENT_DEFAULTS = {
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2",
-}
+@dataclass(frozen=True)
+class Flag:
+    """A job's own command-line flag: its text sets config keys as given, never YAML-parsed,
+    after the key=value overrides (so the flag wins). `key` for one key; `to_values` for a flag
+    that sets several; `const` for a switch."""
+
+    name: str  # "--senteval-data", or a positional name ("model")
+    help: str
+    key: str | None = None
+    to_values: Callable[[Any], dict[str, Any]] | None = None
+    nargs: str | None = None
+    type: Callable[[str], Any] | None = None
+    const: Any = None  # a switch: sets `key` to this when given
+
+    def values(self, given: Any) -> dict[str, Any]:
+        if self.to_values is not None:
+            return self.to_values(given)
+        return {self.key: self.const if self.const is not None else given}
 
 
-def environment_defaults() -> None:
-    for name, value in ENVIRONMENT_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+def _nothing(config: Any) -> None:
+    return None
 
 
-# At import, not in a job's main(): huggingface_hub and datasets read HF_HUB_OFFLINE once, when
-# first imported, and a job's own imports (transformers, through the trainer) import them before
-# main() runs; set later, the variable is there and the hub client still goes online. Every job
-# imports this module before any of those, and this module's imports never reach them
-# (tests/test_offline.py checks both).
-environment_defaults()
+def _always(config: Any) -> bool:
+    return True
 
 
-def setup_logging(output_dir: str | None) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if output_dir:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(Path(output_dir) / "run.log"))
-    logging.basicConfig(
-        level=logging.INFO,
-        format=LOG_FORMAT,
-        handlers=handlers,
-        force=True,
-    )
-    dedupe_repeated_ray_warnings()
+def _output_dir(config: Any) -> str | None:
+    output = getattr(config, "output", None)
+    return getattr(output, "dir", None)
 
 
-def parse_training_args(
-    argv: list[str] | None, default_config: Path | None, description: str
-) -> TrainingConfig:
-    """`[--config YAML] [--output DIR] [key=value ...]` → a validated TrainingConfig.
+@dataclass(frozen=True)
+class Job:
+    """What a file in jobs/ declares; run_job does the rest."""
 
-    Invalid configuration exits with status 2 and the key's name, before Ray starts.
-    """
+    description: str
+    config_class: type
+    default_config: Path | None
+    run: Callable[[Any], int]  # the job's work, once Ray is up where `uses_ray` says
+    # Before --print-config: make the config what every process sees (absolute paths).
+    prepare: Callable[[Any], None] = _nothing
+    # After it, before Ray starts: checks that need files (an earlier run, a corpus, task data).
+    check: Callable[[Any], None] = _nothing
+    uses_ray: Callable[[Any], bool] = _always
+    state_api: bool = False  # a local Ray serves its State API (Tune: cleaning stopped trials)
+    flags: Sequence[Flag] = field(default_factory=tuple)
+    # --resume / --resume-anyway / --overwrite: what to do with an earlier run (output.resume).
+    earlier_run_flags: bool = False
+    # --plan: start or join Ray, print the resource plan and exit with what this returns.
+    plan: Callable[[Any], int] | None = None
+    # Where run.log goes (None: the console only).
+    log_dir: Callable[[Any], str | None] = _output_dir
+    # The key --output sets (a directory in every job but evaluate's, where it is a file).
+    output_key: str = "output.dir"
+    # The config file and override words from the parsed arguments (a job that resumes from a
+    # config it saved replaces this); ConfigError for a combination it refuses.
+    config_source: Callable[[argparse.Namespace, Job], tuple[str | None, list[str]]] | None = None
+
+
+def run_job(job: Job, argv: list[str] | None = None) -> int:
+    """The one path every job runs: parse, load and validate, check, log, Ray, run. Returns the
+    exit status; failures that come from what the user gave are one line and status 2."""
+    parser = job_parser(job)
+    args = parser.parse_intermixed_args(argv)
+    try:
+        config = job_config(job, args)
+        if args.print_config:
+            print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
+            return 0
+        job.check(config)
+        if job.plan is not None and args.plan:
+            logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, force=True)
+            start_ray(config.ray)
+            return job.plan(config)
+        setup_logging(job.log_dir(config))
+        if job.uses_ray(config):
+            start_ray(config.ray, state_api=job.state_api)
+        return job.run(config)
+    except Exception as error:  # noqa: BLE001 - the boundary: sorted below, bugs re-raised
+        message = input_failure(error)
+        if message is None:
+            raise
+        _keep_traceback_in_run_log(error)
+        prefix = "config error" if isinstance(error, ConfigError) else "error"
+        print(f"{prefix}: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def job_config(job: Job, args: argparse.Namespace | list[str]) -> Any:
+    """The job's validated, prepared config from its parsed arguments (or its argv): the config
+    file, then key=value overrides, then the flags. Raises ConfigError naming the key."""
+    if not isinstance(args, argparse.Namespace):
+        args = job_parser(job).parse_intermixed_args(args)
+    if job.config_source is not None:
+        config_file, overrides = job.config_source(args, job)
+    else:
+        config_file, overrides = args.config, list(args.overrides)
+    values: dict[str, Any] = {}
+    if args.output is not None:
+        # The flag's text is the path, whatever it looks like ("/runs/x #1", "2024").
+        values[job.output_key] = args.output
+    if job.earlier_run_flags and args.resume is not None:
+        values["output.resume"] = args.resume
+    for flag in job.flags:
+        given = getattr(args, _dest(flag))
+        if given is not None and given is not False:
+            values.update(flag.values(given))
+    config = load_config(job.config_class, config_file, overrides, values=values)
+    job.prepare(config)
+    return config
+
+
+def _dest(flag: Flag) -> str:
+    return flag.name.lstrip("-").replace("-", "_")
+
+
+def job_parser(job: Job) -> argparse.ArgumentParser:
+    default = job.default_config
     parser = argparse.ArgumentParser(
-        description=description,
+        description=job.description,
         epilog=config_keys_help(
-            TrainingConfig,
-            _default_tree(default_config),
-            Path(default_config).name if default_config else "",
+            job.config_class, _default_tree(default), Path(default).name if default else ""
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -100,252 +165,117 @@ def parse_training_args(
         action="store_true",
         help="print the resolved configuration as YAML (defaults, file, overrides) and exit",
     )
-    parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="connect to Ray (or start it locally), print the resource plan and exit: "
-        "0 if the job fits the cluster, 3 if it never can (docs/OPERATIONS.md)",
-    )
+    if job.plan is not None:
+        parser.add_argument(
+            "--plan",
+            action="store_true",
+            help="connect to Ray (or start it locally), print the resource plan and exit: "
+            "0 if the job fits the cluster, 3 if it never can (docs/OPERATIONS.md)",
+        )
     parser.add_argument(
         "--config",
         help="YAML config (default: %(default)s)",
-        default=str(default_config) if default_config else None,
+        default=str(default) if default else None,
     )
-    parser.add_argument("--output", help="output directory (sets output.dir)")
-    # What to do with an earlier run under the same run name (output.resume, run_identity.py).
-    earlier = parser.add_mutually_exclusive_group()
-    earlier.add_argument(
-        "--resume",
-        dest="resume",
-        action="store_const",
-        const="must",
-        help="continue the earlier run from its last checkpoint (output.resume=must)",
+    parser.add_argument("--output", help=f"where the job writes (sets {job.output_key})")
+    if job.earlier_run_flags:
+        # What to do with an earlier run under the same run name (output.resume).
+        earlier = parser.add_mutually_exclusive_group()
+        for name, const, meaning in (
+            ("--resume", "must", "continue the earlier run from its last checkpoint"),
+            ("--resume-anyway", "anyway", "continue it even with different settings"),
+            ("--overwrite", "overwrite", "delete the earlier run and start again"),
+        ):
+            earlier.add_argument(
+                name, dest="resume", action="store_const", const=const,
+                help=f"{meaning} (output.resume={const})",
+            )  # fmt: skip
+    for flag in job.flags:
+        if flag.const is not None:
+            parser.add_argument(flag.name, action="store_true", help=flag.help)
+        elif flag.name.startswith("-"):
+            parser.add_argument(flag.name, nargs=flag.nargs, type=flag.type, help=flag.help)
+        else:
+            parser.add_argument(flag.name, nargs="?", help=flag.help)
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.seed=1")
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# The error boundary
+# ---------------------------------------------------------------------------------------------
+
+
+def input_failure(error: BaseException) -> str | None:
+    """One line for a failure that comes from what the user gave, or None for a bug.
+
+    What the user gave: the product's UserInputError (a setting, corpus, SentEval data, token
+    cache), and the file system, object storage or hub refusing a path (OSError: missing, not
+    a directory, no permission, no such bucket), or a file that is not what its name says
+    (pyarrow's or json's parse errors). Ray raises a task's error as a class that is both
+    RayTaskError and the original, and Ray Train wraps a worker's in WorkerGroupError: both are
+    looked through to the cause."""
+    for cause in _causes(error):
+        if _wraps_a_cause(cause):
+            continue  # Ray's dual class: its text is Ray's traceback; the cause follows
+        if isinstance(cause, UserInputError):
+            return str(cause)
+        if isinstance(cause, OSError):
+            return _os_error_line(cause)
+        if isinstance(cause, json.JSONDecodeError):
+            return f"not valid JSON ({cause.msg} at line {cause.lineno})"
+        if _is_unreadable_file(cause):
+            return str(cause).strip()
+    return None
+
+
+def _wraps_a_cause(error: BaseException) -> bool:
+    return isinstance(getattr(error, "cause", None), BaseException) and any(
+        kind.__name__ == "RayTaskError" for kind in type(error).__mro__
     )
-    earlier.add_argument(
-        "--resume-anyway",
-        dest="resume",
-        action="store_const",
-        const="anyway",
-        help="continue it even with different settings (output.resume=anyway)",
-    )
-    earlier.add_argument(
-        "--overwrite",
-        dest="resume",
-        action="store_const",
-        const="overwrite",
-        help="delete the earlier run and start again (output.resume=overwrite)",
-    )
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.temperature=0.05")
-    args = parser.parse_args(argv)
-    # The flag's text is the directory, whatever it looks like ("/runs/x #1", "2024"): set as
-    # a value, never parsed, and after the overrides so the flag wins.
-    values = {"output.dir": args.output} if args.output is not None else None
-    if args.resume is not None:
-        values = {**(values or {}), "output.resume": args.resume}
-    try:
-        config = load_config(TrainingConfig, args.config, args.overrides, values=values)
-    except ConfigError as error:
-        parser.exit(2, f"config error: {error}\n")
-    # Before anything uses them: the run's identity is of the absolute paths.
-    config.make_paths_absolute()
-    if args.print_config:
-        print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
-        parser.exit(0)
-    try:
-        # Before Ray starts; run_training checks again (and, for --overwrite, deletes).
-        prepare_run(config, dry_run=True)
-    except RunIdentityError as error:
-        parser.exit(2, f"error: {error}\n")
-    try:
-        check_small_corpus(config)  # a local corpus too small for one step, before Ray starts
-    except CorpusError as error:
-        parser.exit(2, f"corpus error: {error}\n")
-    if args.plan:
-        parser.exit(print_plan(config))
-    setup_logging(config.output.dir)
-    return config
 
 
-def print_plan(config: TrainingConfig) -> int:
-    """`--plan`: the resource plan of `config` on the cluster it would run on; the exit status
-    (0: fits, now or once the autoscaler adds nodes; 3: can never fit)."""
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error`, then what it wraps (Ray's task and worker-group errors, explicit causes)."""
+    seen: list[BaseException] = []
+    pending = [error]
+    while pending and len(seen) < 20:
+        current = pending.pop(0)
+        if any(current is s for s in seen):
+            continue
+        seen.append(current)
+        pending.extend(getattr(current, "worker_failures", {}).values())
+        for attribute in ("cause", "controller_failure", "__cause__"):
+            inner = getattr(current, attribute, None)
+            if isinstance(inner, BaseException):
+                pending.append(inner)
+    return seen
 
-    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, force=True)
-    start_ray(config)
-    plan = training_plan(config, cluster_from_ray())
-    print(plan.table())
-    return 3 if plan.problem else 0
+
+def _os_error_line(error: OSError) -> str:
+    if error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return str(error).strip()
 
 
-def start_ray(config: TrainingConfig, state_api: bool = False) -> None:
-    """Join the cluster in RAY_ADDRESS / ray.address (e.g. under `ray job submit`), or start a
-    local Ray with no cluster at all.
-
-    `state_api`: a local instance also serves Ray's State API to its own workers (the dashboard,
-    and the instance's address in every worker's RAY_ADDRESS). Ray Train frees the placement
-    group of a run whose controller was killed (a Tune trial stopped early) through it; workers
-    otherwise guess the address, which fails when the machine runs other Ray instances.
-    """
-    import ray  # startup
-
-    # Before any dataset is built: the Data context travels with the dataset to its executor.
-    quiet_ray_data()
-    if ray.is_initialized():
-        return
-    address = config.ray.address or os.environ.get("RAY_ADDRESS")
-    # Under `ray job submit` the job's runtime env (e.g. cluster/runtime_env.yaml) already
-    # reaches every task, and Ray refuses to merge a driver runtime env that sets one of its
-    # env vars again: pass on only the ones the job does not set.
-    job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}"))
-    job_env_vars = (job_config.get("runtime_env") or {}).get("env_vars") or {}
-    runtime_env = {
-        "env_vars": {
-            k: os.environ[k]
-            for k in (*ENVIRONMENT_DEFAULTS, "HF_HOME")
-            if k in os.environ and k not in job_env_vars
-        }
+def _is_unreadable_file(error: BaseException) -> bool:
+    """pyarrow's ArrowInvalid (a .parquet that is not Parquet, a bad JSON line) and the
+    safetensors reader's error (a weights file that is not one), found by class so that this
+    module imports neither."""
+    kind = type(error)
+    return (kind.__module__, kind.__name__) in {
+        ("pyarrow.lib", "ArrowInvalid"),
+        ("builtins", "SafetensorError"),
+        ("safetensors_rust", "SafetensorError"),
     }
-    if "worker_process_setup_hook" not in (job_config.get("runtime_env") or {}):
-        # Every worker process (Train workers, Ray Data executors, Ray Train's placement-group
-        # cleaner) turns Data progress bars off and says a repeated Ray warning once.
-        runtime_env["worker_process_setup_hook"] = WORKER_SETUP_HOOK
-    if address:
-        if address != "auto" and "://" not in address and "RAY_ADDRESS" not in job_env_vars:
-            # Ray Train's placement-group cleaner asks the State API whether the run's
-            # controller lives; without RAY_ADDRESS a worker guesses the cluster from the
-            # machine's latest local Ray, and where the machine runs another Ray instance it
-            # asks that one, is told "no such actor", and removes the live run's workers.
-            runtime_env["env_vars"]["RAY_ADDRESS"] = address
-        ray.init(address=address, runtime_env=runtime_env)
-        return
-    # The machine's own cores: the resource plan (resource_plan.py, run by run_training) leaves
-    # Ray Data its share by lowering the Train workers' reservation where it must, so nothing
-    # depends on logical CPUs above the core count (docs/ARCHITECTURE.md, "Ray on small machines").
-    num_cpus = config.ray.num_cpus or os.cpu_count() or 1
-    store = config.ray.object_store_memory_mb
-    if state_api:
-        port = _free_port()
-        os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by the local head at start
-        runtime_env["env_vars"]["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
-    # Ray's GCS, raylet and worker gRPC ports listen on every interface whatever the node IP:
-    # token auth is what refuses strangers, so it is set here, not left to Ray's default.
-    require_local_token_auth()
-    try:
-        with local_instance_environment():
-            ray.init(
-                # A new instance of our own, never a `ray start` cluster that happens to run
-                # on this machine (that one is joined only through RAY_ADDRESS / ray.address).
-                address="local",
-                num_cpus=num_cpus,
-                include_dashboard=state_api,
-                object_store_memory=store * 1024**2 if store else None,
-                runtime_env=runtime_env,
-            )
-    finally:
-        os.environ.pop("RAY_GCS_SERVER_PORT", None)
 
 
-# Read by a local raylet when it starts, and inherited by every worker it spawns; an explicit
-# value in the environment still wins, and `ray start` clusters keep Ray's own defaults.
-# - RAY_worker_niceness: Ray starts its workers at nice 15, so on a machine doing anything else
-#   a local run gets only the CPU left over, while the plain script a user compares it with
-#   runs at 0. A local run is the user's foreground job: its workers run at the driver's.
-# - RAY_TRAIN_ENABLE_PREEMPTION_WATCHER: Ray Train starts an actor per run that polls for spot
-#   node preemption; one machine has no node to lose to a preemption, and the actor's start
-#   costs each run seconds of a small machine's CPU.
-LOCAL_INSTANCE_ENVIRONMENT = {
-    "RAY_worker_niceness": "0",
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-}
-
-
-@contextlib.contextmanager
-def local_instance_environment() -> Iterator[None]:
-    """LOCAL_INSTANCE_ENVIRONMENT's variables that are unset, set while a local Ray starts."""
-    added = [name for name in LOCAL_INSTANCE_ENVIRONMENT if name not in os.environ]
-    for name in added:
-        os.environ[name] = LOCAL_INSTANCE_ENVIRONMENT[name]
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
-
-
-def require_local_token_auth() -> None:
-    """RAY_AUTH_MODE=token for a local Ray started by this process (unless the user set the
-    variable), with a token only its owner can read.
-
-    Ray 2.60 enables token auth for a new local ray.init by default and writes a missing
-    ~/.ray/auth_token with the process umask (often world-readable); both are Ray's choices
-    that may change, so the mode is set explicitly and the token file created 0600.
-    """
-    if "RAY_AUTH_MODE" not in os.environ:
-        from ray._raylet import Config  # private
-
-        os.environ["RAY_AUTH_MODE"] = "token"
-        # Ray caches its config (the auth mode included) when imported: without a refresh this
-        # driver would not send the token its own GCS then demands. Ray's own default-on path
-        # (authentication_token_setup._enable_token_auth) makes the same call.
-        Config.initialize("")
-    mode = os.environ["RAY_AUTH_MODE"]
-    if mode != "token":
-        log.warning(
-            "RAY_AUTH_MODE=%s: this local Ray accepts clients without a token on ports that "
-            "listen on every interface (see docs/OPERATIONS.md, security model)",
-            mode,
-        )
-        return
-    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        return  # the user's own token
-    token_file = Path.home() / ".ray" / "auth_token"
-    if not token_file.exists():
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` makes
-    elif token_file.stat().st_mode & 0o077:
-        log.warning("%s was readable by other users; made it private (0600)", token_file)
-        token_file.chmod(0o600)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
-def training_job(argv: list[str] | None, default_config: Path, description: str) -> int:
-    """A training job's main (jobs/train_informin.py, jobs/finetune_mcr2.py): parse and validate
-    before Ray starts, join or start Ray, train with Ray Train, print the run's summary."""
-    config = parse_training_args(argv, default_config, description)
-    start_ray(config)
-    from distributed_emb.train.trainer import run_training  # startup: torch, transformers
-
-    result = run_training(config)
-    print(summarise_run(result.metrics))
-    return 0
-
-
-def summarise_run(metrics: dict) -> str:
-    def fmt(value, spec=".2f"):
-        return "n/a" if value is None else format(value, spec)
-
-    corpus = metrics.get("corpus") or {}
-    return "\n".join(
-        [
-            f"model:            {metrics.get('model_dir')}",
-            f"STS-B dev:        {fmt(metrics.get('stsb_dev_before'))} → "
-            f"{fmt(metrics.get('stsb_dev_after'))} (best {fmt(metrics.get('stsb_dev_best'))} "
-            f"at step {metrics.get('best_step')})",
-            f"STS-B test:       {fmt(metrics.get('stsb_test'))} (exported model)",
-            f"steps:            {metrics.get('steps')} × global batch "
-            f"{metrics.get('global_batch')}",
-            f"sentences/s:      {fmt(metrics.get('sentences_per_s'), '.1f')}",
-            f"corpus:           kept {corpus.get('kept')}, dropped {corpus.get('dropped')}",
-            f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
-        ]
-    )
+def _keep_traceback_in_run_log(error: BaseException) -> None:
+    """The console gets one line; run.log (where logging writes one) keeps the traceback."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.stream.write("".join(traceback.format_exception(error)))
+            handler.flush()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import logging
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import yaml
 
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.errors import UserInputError
 from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
 from distributed_emb.mcr2.head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.paths import default_model_path
@@ -27,7 +29,7 @@ from distributed_emb.paths import default_model_path
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError):
     """A configuration problem; the message names the offending key."""
 
 
@@ -124,6 +126,90 @@ REMOVED_KEYS = {
 }
 
 
+# Keys that moved to the one vocabulary (a concept has one key in every job): a config class
+# lists its own in `KEY_ALIASES` (old → new; a key ending in "." moves a whole section, "" is the
+# top level). The old key still works for now, with a warning naming the new one.
+log = logging.getLogger("distributed_emb")
+
+
+def _aliases(cls: type) -> list[tuple[str, str]]:
+    """The class's aliases, exact keys before sections and longer before shorter, so that
+    `optim.lr` is matched before the section `optim.`."""
+    table = getattr(cls, "KEY_ALIASES", {}) or {}
+    return sorted(table.items(), key=lambda item: (item[0].endswith("."), -len(item[0])))
+
+
+def current_key(cls: type, dotted: str, warn: bool = True) -> str:
+    """`dotted` in the one vocabulary: an old key of `cls` becomes its new one (warned)."""
+    for old, new in _aliases(cls):
+        if old.endswith("."):
+            if dotted.startswith(old):
+                moved = new + dotted[len(old) :]
+                break
+        elif dotted == old:
+            moved = new
+            break
+    else:
+        return dotted
+    if warn:
+        log.warning("%s is now %s; the old key still works for now", dotted, moved)
+    return moved
+
+
+def _leaves(tree: Any, prefix: str) -> list[str]:
+    if not isinstance(tree, dict) or not tree:
+        return [prefix.rstrip(".")]
+    return [leaf for key, value in tree.items() for leaf in _leaves(value, f"{prefix}{key}.")]
+
+
+def _moved_to_current_keys(cls: type, tree: dict) -> dict:
+    """A YAML tree with `cls`'s old keys moved to their new places (warned). Where the tree
+    also gives the new key, the new key's value wins."""
+    moved_tree: dict = {}
+    for key, value in tree.items():
+        _set_dotted(moved_tree, key, value, merge=True)
+    for old, _new in _aliases(cls):
+        path = old.rstrip(".").split(".")
+        node = moved_tree
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if not isinstance(node, dict) or path[-1] not in node:
+            continue
+        value = node.pop(path[-1])
+        if old.endswith(".") and isinstance(value, dict):
+            leaves = [(leaf, _lookup_leaf(value, leaf)) for leaf in _leaves(value, "") if leaf]
+        else:
+            leaves = [("", value)]
+        moves = []
+        for leaf, leaf_value in leaves:
+            old_key = f"{old}{leaf}" if old.endswith(".") else old
+            new_key = current_key(cls, old_key, warn=False)
+            moves.append(f"{old_key} → {new_key}")
+            if not _has_dotted(moved_tree, new_key):
+                _set_dotted(moved_tree, new_key, leaf_value)
+        if moves:
+            log.warning("renamed keys: %s; the old keys still work for now", ", ".join(moves))
+    return moved_tree
+
+
+def _lookup_leaf(tree: dict, dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _has_dotted(tree: dict, dotted: str) -> bool:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def _build(cls: type[T], values: dict, prefix: str = "") -> T:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -144,7 +230,8 @@ def _build(cls: type[T], values: dict, prefix: str = "") -> T:
     return cls(**kwargs)
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+def _set_dotted(tree: dict, dotted: str, value: Any, merge: bool = False) -> None:
+    """Set `dotted` in the nested `tree`; `merge`: a mapping merges into one already there."""
     parts = dotted.split(".")
     node = tree
     for part in parts[:-1]:
@@ -152,7 +239,10 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{dotted}: {part!r} is a value, not a section")
         node = child
-    node[parts[-1]] = value
+    if merge and isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+        node[parts[-1]] = merge_trees(node[parts[-1]], value)
+    else:
+        node[parts[-1]] = value
 
 
 _YAML_NULLS = ("", "~", "null", "Null", "NULL")
@@ -195,6 +285,8 @@ def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
+    if cls is not None:
+        key = current_key(cls, key)
     kind, nullable = _text_kind(_field_annotation(cls, key))
     if kind is not None:
         if nullable and raw.strip() in _YAML_NULLS:
@@ -241,13 +333,13 @@ def load_config(
             raise ConfigError(f"{yaml_path}: not valid YAML: {error}") from error
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{yaml_path}: top level must be a mapping")
-        tree = loaded or {}
+        tree = _moved_to_current_keys(cls, loaded or {})
     override_tree: dict = {}
     for text in overrides:
         key, value = parse_override(text, cls)
         _set_dotted(override_tree, key, value)
     for key, value in (values or {}).items():
-        _set_dotted(override_tree, key, value)
+        _set_dotted(override_tree, current_key(cls, key), value)
     config = _build(cls, merge_trees(tree, override_tree))
     validate = getattr(config, "validate", None)
     if callable(validate):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,22 @@ def _filesystem(location: str | Path) -> tuple[pafs.FileSystem, str]:
     if is_remote(location):
         return pafs.FileSystem.from_uri(str(location))
     return pafs.LocalFileSystem(), str(Path(location).resolve())
+
+
+def require_reachable(location: str | None, key: str) -> None:
+    """Object storage the run will write to exists and answers, checked before Ray starts: a
+    misspelt bucket or missing credentials fail here, naming the key, not after the cluster
+    has started. A local path is created where it is used."""
+    if location is None or not is_remote(location):
+        return
+    filesystem, path = _filesystem(location)
+    bucket = path.split("/", 1)[0]
+    try:
+        found = filesystem.get_file_info(bucket)
+    except OSError as error:
+        raise UserInputError(f"{key}: {location}: {error}") from None
+    if found.type == pafs.FileType.NotFound:
+        raise UserInputError(f"{key}: {location}: the bucket {bucket!r} does not exist")
 
 
 def exists(location: str | Path) -> bool:

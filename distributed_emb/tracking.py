@@ -32,7 +32,7 @@ from distributed_emb.config import to_dict
 
 log = logging.getLogger(__name__)
 
-# cli.setup_logging's format; rank 0's run.log lines use it too, so the file reads as one.
+# runtime.setup_logging's format; rank 0's run.log lines use it too, so the file reads as one.
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 TRAIN_LOG = "train_log.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -90,7 +90,7 @@ def quiet_ray_data() -> None:
 
 
 def quiet_worker_setup() -> None:
-    """Ray's `worker_process_setup_hook` (see cli.start_ray): runs in every worker process of
+    """Ray's `worker_process_setup_hook` (see runtime.start_ray): runs in every worker process of
     the job, including Ray Train's detached placement-group cleaner, where the repeated
     warning is logged."""
     dedupe_repeated_ray_warnings()

@@ -24,20 +24,18 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
-
-from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
-from distributed_emb.config import ConfigError, load_config, require_model_dir  # noqa: E402
-from distributed_emb.evaluation import senteval_data as sd  # noqa: E402
-from distributed_emb.evaluation.report import format_results, write_results  # noqa: E402
-from distributed_emb.evaluation.suite import (  # noqa: E402
+from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.config import ConfigError, require_model_dir
+from distributed_emb.evaluation import senteval_data as sd
+from distributed_emb.evaluation.report import format_results, write_results
+from distributed_emb.evaluation.suite import (
     TASK_SPECS,
     EvaluationConfig,
     encodes_with_ray,
     evaluate,
     resolve_tasks,
 )
-from distributed_emb.paths import shipped_senteval_dir  # noqa: E402
+from distributed_emb.paths import shipped_senteval_dir
 
 
 def check_task_data(config: EvaluationConfig) -> None:
@@ -64,58 +62,21 @@ def check_task_data(config: EvaluationConfig) -> None:
         config.senteval_dir = str(directory)
 
 
-def parse_args(argv: list[str] | None) -> EvaluationConfig:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", help="model directory (default: packaged MiniLM)")
-    parser.add_argument("--senteval-data", help="SentEval data/downstream directory")
-    parser.add_argument("--tasks", help="comma list: all, sts, transfer, retrieval, geometry, …")
-    parser.add_argument("--output", help="results JSON path")
-    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "mean"])
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--max-seq-len", type=int)
-    parser.add_argument("--no-ray", action="store_true", help="encode in this process")
-    parser.add_argument("--concurrency", type=int, help="encoding actors")
-    parser.add_argument("--config", help="YAML with EvaluationConfig fields")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. transfer.kfold=5")
-    # Intermixed: overrides may follow the flags (`MODEL --pooler mean transfer.kfold=5`).
-    args = parser.parse_intermixed_args(argv)
+def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[str]]:
+    """With no MODEL, the first word may be an override (`evaluate.py transfer.kfold=5`)."""
+    overrides = list(args.overrides)
     if args.model and "=" in args.model and not Path(args.model).exists():
-        args.overrides.insert(0, args.model)  # no MODEL given: the first word is an override
+        overrides.insert(0, args.model)
         args.model = None
-    try:
-        config = load_config(EvaluationConfig, args.config, args.overrides)
-        # Flags win over the YAML; set as values (not YAML-parsed) so paths stay strings.
-        if args.model:
-            config.model = args.model
-        if args.senteval_data:
-            config.senteval_dir = args.senteval_data
-        if args.tasks:
-            config.tasks = [args.tasks]
-        if args.output:
-            config.output = args.output
-        if args.pooler:
-            config.encode.pooler = args.pooler
-        if args.batch_size is not None:
-            config.encode.batch_size = args.batch_size
-        if args.max_seq_len is not None:
-            config.encode.max_seq_length = args.max_seq_len
-        if args.no_ray:
-            config.encode.use_ray = False
-        if args.concurrency is not None:
-            config.encode.concurrency = args.concurrency
-        config.validate()
-        require_model_dir(config.model, "model")
-        check_task_data(config)
-    except ConfigError as error:
-        parser.exit(2, f"config error: {error}\n")
-    return config
+    return args.config, overrides
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
-    setup_logging(None)
-    if encodes_with_ray(config):
-        start_ray(config)  # reads only config.ray
+def check(config: EvaluationConfig) -> None:
+    require_model_dir(config.model, "model")
+    check_task_data(config)
+
+
+def run(config: EvaluationConfig) -> int:
     output = evaluate(config)
     print(format_results(output))
     if config.output:
@@ -124,5 +85,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+JOB = Job(
+    description=__doc__.split("\n\n")[0],
+    config_class=EvaluationConfig,
+    default_config=None,
+    config_source=config_source,
+    check=check,
+    run=run,
+    uses_ray=encodes_with_ray,
+    log_dir=lambda config: None,
+    output_key="output",
+    flags=(
+        Flag("model", "model directory (default: packaged MiniLM)", key="model"),
+        Flag("--senteval-data", "SentEval data/downstream directory", key="senteval_dir"),
+        Flag(
+            "--tasks",
+            "comma list: all, sts, transfer, retrieval, geometry, …",
+            to_values=lambda text: {"tasks": [text]},
+        ),
+        Flag("--pooler", "cls, cls_before_pooler or mean", key="encode.pooler"),
+        Flag("--batch-size", "sentences per batch", key="encode.batch_size", type=int),
+        Flag("--max-seq-len", "tokens per sentence", key="encode.max_seq_length", type=int),
+        Flag("--no-ray", "encode in this process", key="encode.use_ray", const=False),
+        Flag("--concurrency", "encoding actors", key="encode.concurrency", type=int),
+    ),
+)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_job(JOB))

@@ -17,16 +17,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
+from distributed_emb.cli import Job, run_job
+from distributed_emb.config import TrainingConfig
+from distributed_emb.train import job
 
-from distributed_emb.cli import training_job  # noqa: E402
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mcr2_finetune.yaml"
-
-
-def main(argv: list[str] | None = None) -> int:
-    return training_job(argv, DEFAULT_CONFIG, __doc__.splitlines()[0])
+JOB = Job(
+    description=__doc__.splitlines()[0],
+    config_class=TrainingConfig,
+    default_config=Path(__file__).parent / "configs" / "mcr2_finetune.yaml",
+    prepare=job.prepare,
+    check=job.check,
+    plan=job.plan,
+    run=job.run,
+    earlier_run_flags=True,
+)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_job(JOB))

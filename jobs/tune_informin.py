@@ -16,84 +16,67 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout too
+import yaml
 
-import yaml  # noqa: E402
-
-from distributed_emb.cli import setup_logging, start_ray  # noqa: E402
-from distributed_emb.config import ConfigError, load_config, to_dict  # noqa: E402
-from distributed_emb.tune.driver import can_resume, run_search, search_paths  # noqa: E402
-from distributed_emb.tune.report import format_summary, write_search_report  # noqa: E402
-from distributed_emb.tune.settings import SearchJobConfig  # noqa: E402
+from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.config import ConfigError, to_dict
+from distributed_emb.data.corpus import corpus_path
+from distributed_emb.data.sources import resolve_sources
+from distributed_emb.train.job import check_storage
+from distributed_emb.tune.settings import SearchJobConfig
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "tune_default.yaml"
 SAVED_CONFIG = "search_config.yaml"  # the search's full config, kept for --resume
 EXIT_INTERRUPTED = 130
 
 
-def parse_args(argv: list[str] | None) -> tuple[SearchJobConfig, bool]:
-    parser = argparse.ArgumentParser(description="Hyperparameter search with Ray Tune.")
-    parser.add_argument("--config", help=f"search YAML (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--num-samples", type=int, help="trials (sets tune.num_samples)")
-    parser.add_argument("--output", help="output directory (sets output.dir)")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the search already in --output, with the config saved there",
-    )
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=30")
-    args = parser.parse_args(argv)
-    try:
-        if args.resume:
-            if args.config or args.overrides or args.num_samples:
-                raise ConfigError(
-                    "--resume continues the search with the config saved in its directory; "
-                    "drop --config, --num-samples and key=value overrides"
-                )
-            if not args.output:
-                raise ConfigError("--resume needs --output DIR (the search to continue)")
-            saved = Path(args.output) / SAVED_CONFIG
-            if not saved.is_file():
-                raise ConfigError(f"--resume: {saved} does not exist (no search started there)")
-            # The directory may have moved since: it is where the search lives now.
-            config = load_config(SearchJobConfig, str(saved), [f"output.dir={args.output}"])
-        else:
-            overrides = list(args.overrides)
-            if args.num_samples is not None:
-                overrides.append(f"tune.num_samples={args.num_samples}")
-            if args.output:
-                overrides.append(f"output.dir={args.output}")
-            config = load_config(SearchJobConfig, args.config or str(DEFAULT_CONFIG), overrides)
-            paths = search_paths(config)
-            if can_resume(paths):
-                raise ConfigError(
-                    f"{paths.output} already holds a search: add --resume to continue it, "
-                    "or choose another --output"
-                )
-    except ConfigError as error:
-        parser.exit(2, f"config error: {error}\n")
-    return config, args.resume
+def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[str]]:
+    """A new search: --config (or the default) and the overrides, into an --output that holds
+    no search yet. --resume: the config saved in --output, nothing else."""
+    if not args.resume:
+        return args.config, list(args.overrides)
+    if args.config != str(DEFAULT_CONFIG) or args.overrides or args.num_samples:
+        raise ConfigError(
+            "--resume continues the search with the config saved in its directory; "
+            "drop --config, --num-samples and key=value overrides"
+        )
+    if not args.output:
+        raise ConfigError("--resume needs --output DIR (the search to continue)")
+    saved = Path(args.output) / SAVED_CONFIG
+    if not saved.is_file():
+        raise ConfigError(f"--resume: {saved} does not exist (no search started there)")
+    # The directory may have moved since: it is where the search lives now (--output).
+    return str(saved), []
 
 
-def main(argv: list[str] | None = None) -> int:
-    config, resume = parse_args(argv)
+def check(config: SearchJobConfig) -> None:
+    """Before Ray starts: the storage, the corpus (listed), and a search already in --output
+    (continued only with --resume)."""
+    from distributed_emb.tune.driver import can_resume, search_paths
+
+    check_storage(config)
+    resolve_sources(corpus_path(config.data), config.data.hf_split)
     paths = search_paths(config)
-    setup_logging(str(paths.output))
-    if not resume:
+    if not config.tune.resume and can_resume(paths):
+        raise ConfigError(
+            f"{paths.output} already holds a search: add --resume to continue it, "
+            "or choose another --output"
+        )
+    if config.tune.resume and not can_resume(paths):
+        raise ConfigError(f"{paths.experiment} holds no Tune experiment to resume")
+
+
+def run(config: SearchJobConfig) -> int:
+    from distributed_emb.tune.driver import run_search, search_paths
+    from distributed_emb.tune.report import format_summary, write_search_report
+
+    paths = search_paths(config)
+    if not config.tune.resume:
         (paths.output / SAVED_CONFIG).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    if resume and not can_resume(paths):
-        print(f"{paths.experiment} holds no Tune experiment to resume", file=sys.stderr)
-        return 2
-    start_ray(config, state_api=True)
-    try:
-        run = run_search(config, resume=resume)
-    except ConfigError as error:  # e.g. a searched batch size larger than the corpus allows
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
-    summary = write_search_report(config, run)
+    search = run_search(config, resume=config.tune.resume)
+    summary = write_search_report(config, search)
     print(format_summary(summary))
-    if run.interrupted:
+    if search.interrupted:
         print(
             f"\nThe search was interrupted. Continue it with:\n"
             f"    python {sys.argv[0]} --output {paths.output} --resume",
@@ -106,5 +89,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+JOB = Job(
+    description="Hyperparameter search with Ray Tune.",
+    config_class=SearchJobConfig,
+    default_config=DEFAULT_CONFIG,
+    config_source=config_source,
+    check=check,
+    run=run,
+    state_api=True,  # Ray Train frees a stopped trial's placement group through it
+    flags=(
+        Flag("--num-samples", "trials (sets tune.num_samples)", key="tune.num_samples", type=int),
+        Flag(
+            "--resume",
+            "continue the search already in --output, with the config saved there "
+            "(sets tune.resume)",
+            key="tune.resume",
+            const=True,
+        ),
+    ),
+)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_job(JOB))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # Offline and out of $HOME before anything imports transformers or deepspeed. The jobs' own
-# environment defaults (cli.ENVIRONMENT_DEFAULTS: hub offline, one tokenizer thread, Ray
+# environment defaults (runtime.ENVIRONMENT_DEFAULTS: hub offline, one tokenizer thread, Ray
 # Data's footer actors...) are set when cli is imported, which imports none of those, so
 # that tests that start Ray or read data themselves run as a job does.
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,7 +21,7 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 from harness import local_ray  # noqa: E402
 
-import distributed_emb.cli  # noqa: E402, F401
+import distributed_emb.runtime  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def _shared_ray_only_where_used(request):
 @pytest.fixture
 def ray_local(request):
     """The session's local Ray (as many logical CPUs as the machine has cores; workers at the
-    driver's priority and no preemption watcher, as cli.start_ray starts a local run's). Train
+    driver's priority and no preemption watcher, as runtime.start_ray starts a local run's). Train
     runs, annotation and evaluation pools fit through the resource plan, as a user's run on the
     same machine does. After the test every CPU must be free again, or the test fails naming
     the actors and placement groups that hold them."""

@@ -6,10 +6,10 @@ Fast: no Ray, no model loading. `{F}` in an override or argument is the fixtures
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from harness.jobs import run
 
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
 from distributed_emb.infocse.config import InfoCSEConfig
@@ -53,15 +53,17 @@ CASES = [
     # MCR²
     ("mcr2", "mcr2_head_dropout.yaml", [], "head.dropout: must be in [0, 1), got 1.5"),
     ("mcr2", "mcr2_loss_eps_inf.yaml", [], "loss.eps: must be a finite number"),
-    ("mcr2", "mcr2_encoder_batch_size_zero.yaml", [], "encoder.batch_size: must be >= 1"),
-    ("mcr2", None, ["encoder.path={F}/corpus.txt"], "encoder.path: "),
+    ("mcr2", "mcr2_encoder_batch_size_zero.yaml", [], "model.batch_size: must be >= 1"),
+    ("mcr2", None, ["encoder.path={F}/corpus.txt"], "model.path: "),
+    ("mcr2", None, ["model.path={F}/corpus.txt"], "model.path: "),
     ("mcr2", None, ["sentences.paths=[{F}/missing.jsonl]"], "sentences.paths: "),
     ("mcr2", "ray_num_cpus_zero.yaml", [], "ray.num_cpus"),
     # InfoCSE
     ("infocse", "infocse_missing_documents.yaml", [], "documents.paths: no/such/documents.jsonl"),
-    ("infocse", "infocse_training_max_grad_norm.yaml", [], "training.train.max_grad_norm"),
+    ("infocse", "infocse_training_max_grad_norm.yaml", [], "train.max_grad_norm: must be"),
     ("infocse", "infocse_rounds_retrieval_threshold.yaml", [], "rounds.retrieval_threshold"),
-    ("infocse", None, ["training.model.path={F}/not_a_model"], "training.model.path: "),
+    ("infocse", None, ["training.model.path={F}/not_a_model"], "model.path: "),
+    ("infocse", None, ["model.path={F}/not_a_model"], "model.path: "),
     # Tune settings
     ("tune", "tune_reduction_factor_one.yaml", [], "tune.reduction_factor: must be > 1"),
     ("tune", "tune_grace_period_zero.yaml", [], "tune.grace_period: must be >= 1 or null"),
@@ -80,13 +82,6 @@ def _fill(items: list[str]) -> list[str]:
     return [item.replace("{F}", str(FIXTURES)) for item in items]
 
 
-def _evaluate_job():
-    spec = importlib.util.spec_from_file_location("evaluate_job", REPO / "jobs" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     "entry, yaml_name, arguments, expected",
     CASES,
@@ -95,9 +90,7 @@ def _evaluate_job():
 def test_bad_input_is_refused_with_its_key(entry, yaml_name, arguments, expected, capsys):
     arguments = _fill(arguments)
     if entry == "evaluate":
-        with pytest.raises(SystemExit) as exit_info:
-            _evaluate_job().main([*arguments, "--tasks", "sts,transfer", "--no-ray"])
-        assert exit_info.value.code == 2
+        assert run("evaluate", [*arguments, "--tasks", "sts,transfer", "--no-ray"]) == 2
         message = capsys.readouterr().err
         assert message.startswith("config error: ")
     else:

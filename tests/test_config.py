@@ -211,13 +211,15 @@ def test_output_dir_override_with_hash_and_number(tmp_path):
 
 
 def test_output_flag_is_taken_literally(tmp_path, monkeypatch):
-    from distributed_emb import cli
+    from harness.jobs import job_module
 
-    monkeypatch.setattr(cli, "setup_logging", lambda _dir: None)
+    from distributed_emb.cli import job_config
+
+    job = job_module("train_informin").JOB
     monkeypatch.chdir(tmp_path)
-    config = cli.parse_training_args(["--output", "/runs/x #1"], None, "test")
+    config = job_config(job, ["--output", "/runs/x #1"])
     assert config.output.dir == "/runs/x #1"
-    config = cli.parse_training_args(["--output", "2024", "output.dir=other"], None, "test")
+    config = job_config(job, ["--output", "2024", "output.dir=other"])
     # The flag wins over an override (the job may make the directory absolute).
     assert Path(config.output.dir).resolve() == (tmp_path / "2024").resolve()
 
@@ -235,10 +237,10 @@ def test_values_are_set_unparsed_after_overrides():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("optim.weight_decay=-1", "optim.weight_decay: must be >= 0, got -1.0"),
-        ("optim.seed=-1", "optim.seed: must be in [0, 4294967295], got -1"),
-        ("encoder.max_seq_length=0", "encoder.max_seq_length: must be >= 4 or null, got 0"),
-        ("encoder.torch_threads=0", "encoder.torch_threads: must be >= 1 or null, got 0"),
+        ("train.weight_decay=-1", "train.weight_decay: must be >= 0, got -1.0"),
+        ("train.seed=-1", "train.seed: must be in [0, 4294967295], got -1"),
+        ("model.max_seq_length=0", "model.max_seq_length: must be >= 4 or null, got 0"),
+        ("model.torch_threads=0", "model.torch_threads: must be >= 1 or null, got 0"),
         ("loss.pair_weight=-1", "loss.pair_weight: must be >= 0, got -1.0"),
         ("pairs.min_score=6", "pairs.min_score: must be in [0, 5], got 6.0"),
         ("eval.transfer.kfold_c=[1.0, -2.0]", "eval.transfer.kfold_c[1]: must be > 0, got -2.0"),
@@ -274,7 +276,7 @@ def test_mcr2_pca_start_is_refused_for_an_mlp_head():
         ("supervised.score_threshold=9", "supervised.score_threshold: must be in [0, 5], got 9.0"),
         ("annotation.torch_threads=0", "annotation.torch_threads: must be >= 1 or null, got 0"),
         ("annotation.idc.seed=-1", "annotation.idc.seed: must be in [0, 4294967295], got -1"),
-        ("training.eval.batch_size=0", "training.eval.batch_size: must be >= 1, got 0"),
+        ("eval.batch_size=0", "eval.batch_size: must be >= 1, got 0"),
     ],
 )
 def test_infocse_ranges(override, message):

@@ -102,14 +102,14 @@ def test_worker_setup_turns_ray_data_progress_bars_off():
 def test_start_ray_sets_the_worker_setup_hook(monkeypatch):
     import ray
 
-    from distributed_emb import cli
+    from distributed_emb import runtime
 
     captured = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: captured.update(kwargs))
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
-    cli.start_ray(load_config(TrainingConfig, None, []))
+    runtime.start_ray(load_config(TrainingConfig, None, []).ray)
     hook = captured["runtime_env"]["worker_process_setup_hook"]
     module, _, function = hook.rpartition(".")
     assert getattr(sys.modules[module], function) is tracking.quiet_worker_setup
@@ -123,7 +123,7 @@ def test_a_job_that_sets_ray_address_itself_is_not_given_it_twice(monkeypatch):
     # Ray refuses a driver runtime env that sets again a variable the job's runtime env sets.
     import ray
 
-    from distributed_emb import cli
+    from distributed_emb import runtime
 
     captured = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -131,7 +131,7 @@ def test_a_job_that_sets_ray_address_itself_is_not_given_it_twice(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     job = {"runtime_env": {"env_vars": {"RAY_ADDRESS": "127.0.0.1:1"}}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
-    cli.start_ray(load_config(TrainingConfig, None, []))
+    runtime.start_ray(load_config(TrainingConfig, None, []).ray)
     assert "RAY_ADDRESS" not in captured["runtime_env"]["env_vars"]
 
 
@@ -286,18 +286,18 @@ def test_run_plots_without_matplotlib_are_one_line(tmp_path, monkeypatch, caplog
 
 
 def test_print_config_prints_the_resolved_yaml_and_exits_0(tmp_path, capsys):
-    import yaml
+    import dataclasses
 
-    from distributed_emb.cli import parse_training_args
+    import yaml
+    from harness.jobs import job_module
+
+    from distributed_emb.cli import run_job
 
     default = tmp_path / "default.yaml"
     default.write_text("train:\n  learning_rate: 1.0e-5\n")
+    job = dataclasses.replace(job_module("train_informin").JOB, default_config=default)
     out = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        parse_training_args(
-            ["--print-config", "--output", str(out), "loss.temperature=0.1"], default, "x"
-        )
-    assert exit_info.value.code == 0
+    assert run_job(job, ["--print-config", "--output", str(out), "loss.temperature=0.1"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["train"]["learning_rate"] == 1e-5  # the file
     assert printed["loss"]["temperature"] == 0.1  # the override
@@ -308,22 +308,27 @@ def test_print_config_prints_the_resolved_yaml_and_exits_0(tmp_path, capsys):
 
 
 def test_output_dir_is_made_absolute_for_the_workers(tmp_path, monkeypatch):
-    from distributed_emb import cli
-    from distributed_emb.cli import parse_training_args
+    from harness.jobs import job_module
+
+    from distributed_emb.cli import job_config
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "setup_logging", lambda output_dir: None)
-    config = parse_training_args(["--output", "rel/run"], None, "x")
+    config = job_config(job_module("train_informin").JOB, ["--output", "rel/run"])
     assert config.output.dir == str(tmp_path / "rel" / "run")
 
 
 def test_help_lists_every_key_with_its_default_and_meaning(tmp_path, capsys):
-    from distributed_emb.cli import config_keys, parse_training_args
+    import dataclasses
+
+    from harness.jobs import job_module
+
+    from distributed_emb.cli import config_keys, run_job
 
     default = tmp_path / "default.yaml"
     default.write_text("train:\n  learning_rate: 1.0e-5\n")
+    job = dataclasses.replace(job_module("train_informin").JOB, default_config=default)
     with pytest.raises(SystemExit) as exit_info:
-        parse_training_args(["--help"], default, "x")
+        run_job(job, ["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     keys = config_keys(TrainingConfig)
@@ -341,15 +346,43 @@ def test_help_lists_every_key_with_its_default_and_meaning(tmp_path, capsys):
     assert "SimCSE's MLP (dense + tanh) over the pooled vector" in model_mlp
 
 
-def test_shipped_default_yaml_lists_only_what_differs():
+@pytest.mark.parametrize(
+    "name, config_class",
+    [
+        ("informin_default", "TrainingConfig"),
+        ("informin_tiny", "TrainingConfig"),
+        ("mcr2_finetune", "TrainingConfig"),
+        ("infocse_default", "InfoCSEConfig"),
+        ("tune_default", "SearchJobConfig"),
+        ("tune_tiny", "SearchJobConfig"),
+    ],
+)
+def test_shipped_yamls_list_only_what_differs(name, config_class):
     import yaml
 
-    from distributed_emb.cli import config_keys
+    from distributed_emb.config import to_dict
+    from distributed_emb.infocse.config import InfoCSEConfig
     from distributed_emb.tracking import flatten
+    from distributed_emb.tune.settings import SearchJobConfig
 
-    built_in = {key: default for key, default, _ in config_keys(TrainingConfig)}
-    listed = flatten(yaml.safe_load(open("jobs/configs/informin_default.yaml")))
-    same = [key for key, value in listed.items() if value == built_in[key]]
-    assert not same, f"informin_default.yaml repeats built-in defaults: {same}"
+    cls = {c.__name__: c for c in (TrainingConfig, InfoCSEConfig, SearchJobConfig)}[config_class]
+    built_in = to_dict(cls())
+    listed = yaml.safe_load(open(f"jobs/configs/{name}.yaml"))
+    same = []
+    for key, value in flatten(listed).items():
+        if key.startswith("search."):
+            continue  # a mapping-valued setting: compared as a whole below
+        node = built_in
+        for part in key.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if node == value:
+            same.append(key)
+    for key, value in listed.items():  # a mapping-valued setting (the search space) as a whole
+        if key in built_in and isinstance(value, dict) and built_in[key] == value:
+            same.append(key)
+    assert not same, f"{name}.yaml repeats built-in defaults: {same}"
+
+
+def test_the_default_training_yaml_reads_as_before():
     config = load_config(TrainingConfig, "jobs/configs/informin_default.yaml", [])
     assert config.train.learning_rate == 1e-5 and config.train.max_steps == 200  # unchanged

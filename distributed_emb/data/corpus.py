@@ -175,16 +175,18 @@ SMALL_CORPUS_BYTES = 64 * 1024**2
 
 
 def check_small_corpus(config) -> None:
-    """A local corpus small enough to count in a second or two is counted before Ray starts,
-    so one that cannot fill a single step fails at once instead of inside the Train workers.
-    Larger or remote corpora are not read here (no driver pass): the workers' loop says the
-    same if the stream runs dry before the first step."""
+    """Every corpus is listed before Ray starts, and a local one small enough to count in a
+    second or two is counted, so one that cannot fill a single step fails at once instead of
+    inside the Train workers. Larger or remote corpora are not read here (no driver pass): the
+    workers' loop says the same if the stream runs dry before the first step."""
     data = config.data
     path = corpus_path(data)
     specs = [path] if isinstance(path, str) else list(path)
+    # A listing, no rows: a missing bucket or file, an unreachable hub or a source without a
+    # data file fails here, before Ray starts.
+    files = resolve_sources(specs, data.hf_split)
     if any(is_remote(spec) or is_hub_name(spec) for spec in specs):
         return
-    files = resolve_sources(specs, data.hf_split)
     if files.total_bytes > SMALL_CORPUS_BYTES:
         return
     rules = text_rules(data)

@@ -31,6 +31,8 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
+from distributed_emb.errors import UserInputError
+
 FORMATS = {
     ".txt": "txt",
     ".jsonl": "jsonl",
@@ -45,7 +47,7 @@ REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "hdfs://", "abfs://", "abfss://")
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
-class CorpusError(ValueError):
+class CorpusError(UserInputError):
     """A corpus cannot be read at all (missing, unknown suffix, missing column); names it."""
 
 
@@ -155,7 +157,10 @@ def _hub_files(spec: str, split: str) -> tuple[pafs.FileSystem, list[pafs.FileIn
     """The Parquet files of a hub dataset's split (the hub stores datasets as Parquet, or has
     a Parquet conversion under refs/convert/parquet)."""
     name = spec.removeprefix("hf://").removeprefix("datasets/")
-    filesystem = _hub_filesystem()
+    try:
+        filesystem = _hub_filesystem()
+    except CorpusError as error:
+        raise CorpusError(f"hub dataset {name!r}: {error}") from None
     root = f"datasets/{name}"
     candidates = [f for f in _list(filesystem, root) if file_format(f.path) == ("parquet", None)]
     if not candidates:
@@ -210,7 +215,10 @@ def resolve_sources(specs: str | list[str], hf_split: str = "train") -> CorpusFi
     files: list[SourceFile] = []
     filesystems: list[pafs.FileSystem] = []
     for spec in specs:
-        filesystem, infos = _resolve_one(spec, hf_split)
+        try:
+            filesystem, infos = _resolve_one(spec, hf_split)
+        except OSError as error:  # a missing bucket, a refused listing: named by its source
+            raise CorpusError(f"{spec}: {error}") from None
         infos = sorted((f for f in infos if not _is_bookkeeping(f.path)), key=lambda f: f.path)
         unknown = [f.path for f in infos if file_format(f.path) is None]
         if unknown:

@@ -54,6 +54,7 @@ from distributed_emb.data.readers import DropReport
 from distributed_emb.data.sources import resolve_sources
 from distributed_emb.data.stream import training_dataset
 from distributed_emb.data.tokenize import tokenize_arguments, tokenize_in_ray_data
+from distributed_emb.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ DATA_PREFIX = "data-"
 ROWS_PER_FILE = 100_000  # ~12 MB of ids at 30 tokens a row: few files, still many blocks
 
 
-class TokenCacheError(ValueError):
+class TokenCacheError(UserInputError):
     """A cache directory holds something that is not a committed cache of this key."""
 
 

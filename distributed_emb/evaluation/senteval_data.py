@@ -21,8 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from distributed_emb.errors import UserInputError
 
-class SentEvalDataError(ValueError):
+
+class SentEvalDataError(UserInputError):
     """A SentEval data file is missing or malformed; the message names file and line."""
 
 

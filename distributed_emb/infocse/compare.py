@@ -1,22 +1,23 @@
 """Side by side at equal budget: SimCSE, InforMin-CL, InfoCSE self- and teacher-annotated,
 distillation from the teacher.
 
-    python -m distributed_emb.infocse.compare --output runs/compare [key=value ...]
+    python jobs/compare_infocse.py --output runs/compare [--arms a,b] [key=value ...]
 
-Overrides are InfoCSE config keys (jobs/configs/infocse_default.yaml), and they fix what every
-arm shares: the student (`student.num_layers`, default 3 here: the packaged MiniLM's first 3
-layers), the documents and the held-out split (`heldout.*`), steps, batch, learning rate and
-checkpoint selection (`training.*`). Arms (`--arms`, comma list):
+The settings are InfoCSE's (jobs/configs/infocse_default.yaml) plus `compare.*`, and they fix
+what every arm shares: the student (`student.num_layers`, default 3 here: the packaged MiniLM's
+first 3 layers), the documents and the held-out split (`heldout.*`), steps, batch, learning
+rate and checkpoint selection (`train.*`, `eval.*`). Arms (`compare.arms`, or `--arms` as a
+comma list):
 
 - `simcse`: the student on the training documents' sentences, two dropout views, λ = 0;
-- `informin`: the same with InforMin-CL's reconstruction term (λ = `--informin-lambda`);
+- `informin`: the same with InforMin-CL's reconstruction term (λ = `compare.informin_lambda`);
 - `infocse_self`: one InfoCSE round, pairs mined by the student itself;
 - `infocse_teacher`: one InfoCSE round, pairs mined by the teacher (`annotation.model`,
   default "source": the uncut model);
 - `distill`: the student on the same sentences, pulled onto the teacher's vectors (mean
   squared error, no InfoNCE: losses/distillation.py), the obvious peer when shrinking a model.
 
-Every arm starts from the same student, trains `training.train.max_steps` steps of the same
+Every arm starts from the same student, trains `train.max_steps` steps of the same
 global batch, and keeps its best *trained* checkpoint by STS-B dev (the start is never a
 candidate). Each is scored on the held-out documents (same-document retrieval), STS-B dev
 and STS-B test. Writes `compare.json` and `compare.md` to the output directory; the start
@@ -25,17 +26,16 @@ and STS-B test. Writes `compare.json` and `compare.md` to the output directory; 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import logging
-import sys
 import time
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from distributed_emb.atomic_files import write_text_atomic
-from distributed_emb.cli import setup_logging, start_ray
-from distributed_emb.config import ConfigError, load_config
+from distributed_emb.config import ConfigError, OutputConfig, require_range
 from distributed_emb.data.documents import read_documents
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.rounds import (
@@ -51,7 +51,8 @@ from distributed_emb.train.trainer import run_training
 
 log = logging.getLogger(__name__)
 
-ARMS = ("infocse_teacher", "simcse", "informin", "infocse_self", "distill")
+Arm = typing.Literal["infocse_teacher", "simcse", "informin", "infocse_self", "distill"]
+ARMS = typing.get_args(Arm)
 COLUMNS = (
     ("heldout_recall_at_1", "held R@1"),
     ("heldout_recall_at_5", "held R@5"),
@@ -60,7 +61,25 @@ COLUMNS = (
     ("stsb_dev", "STS-B dev"),
     ("stsb_test", "STS-B test"),
 )
-DEFAULTS = ["student.num_layers=3", "rounds.max_rounds=1"]
+# What the comparison sets on top of the InfoCSE job's defaults (before the user's overrides).
+DEFAULTS = ["annotation.model=source", "student.num_layers=3", "rounds.max_rounds=1"]
+
+
+@dataclass
+class ComparisonSettings:
+    arms: list[Arm] = field(default_factory=lambda: list(ARMS))
+    informin_lambda: float = 0.1  # λ of the informin arm's reconstruction term
+
+
+@dataclass
+class ComparisonConfig(InfoCSEConfig):
+    output: OutputConfig = field(default_factory=lambda: OutputConfig(dir="outputs/compare"))
+    compare: ComparisonSettings = field(default_factory=ComparisonSettings)
+
+    def validate(self) -> None:
+        super().validate()
+        require_range(len(self.compare.arms), "compare.arms", 1, why="the arms to train")
+        require_range(self.compare.informin_lambda, "compare.informin_lambda", 0)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -113,7 +132,7 @@ def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
     arm = copy.deepcopy(config)
     arm.rounds.stsb_test = False  # scored once, by run_comparison
     arm.annotation.model = teacher
-    arm.output_dir = str(output)
+    arm.output.dir = str(output)
     arm.training.output.run_name = f"compare-{output.name}"
     arm.rounds.max_rounds = 1
     records = run_rounds(arm)
@@ -128,7 +147,7 @@ def run_comparison(config, output: Path, arms: list[str], informin_lambda: float
     output.mkdir(parents=True, exist_ok=True)
     documents, heldout = _split_held_out(read_documents(config.documents).dataset, config)
     if heldout is None:
-        raise ValueError("the comparison needs held-out documents: set heldout.fraction > 0")
+        raise ConfigError("heldout.fraction: the comparison needs held-out documents (> 0)")
     student = _initial_model(config, output, round_state(config))
     teacher = _teacher(config) or config.training.model_path
     scoring = copy.deepcopy(config)
@@ -170,35 +189,3 @@ def run_comparison(config, output: Path, arms: list[str], informin_lambda: float
         write_text_atomic(output / "compare.json", json.dumps(rows, indent=2))
         write_text_atomic(output / "compare.md", format_table(rows) + "\n")
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=None, help="InfoCSE YAML (default: the job's)")
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--informin-lambda", type=float, default=0.1)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.exit(2, f"unknown arms {unknown}; choose from {list(ARMS)}\n")
-
-    config_path = args.config or str(
-        Path(__file__).resolve().parents[2] / "jobs" / "configs" / "infocse_default.yaml"
-    )
-    overrides = ["annotation.model=source", *DEFAULTS, *args.overrides, f"output_dir={args.output}"]
-    try:
-        config = load_config(InfoCSEConfig, config_path, overrides)
-    except ConfigError as error:
-        parser.exit(2, f"config error: {error}\n")
-    setup_logging(config.output_dir)
-    start_ray(config.training)
-    rows = run_comparison(config, Path(config.output_dir), arms, args.informin_lambda)
-    print(format_table(rows))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

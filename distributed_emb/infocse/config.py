@@ -1,13 +1,16 @@
-"""InfoCSE run configuration: documents, annotation, the per-round training, the stopping rule
-and optional InfoCSE++ supervised rounds. Loaded with `distributed_emb.config.load_config`."""
+"""InfoCSE run configuration: the training settings every round trains with (model, data, loss,
+train, eval, output, ray, logging, export: the same keys as the training job), plus documents,
+annotation, the stopping rule and optional InfoCSE++ supervised rounds. Loaded with
+`distributed_emb.config.load_config`."""
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass, field
 
 from distributed_emb.config import (
-    ConfigError,
+    OutputConfig,
     TrainingConfig,
     _require,
     require_range,
@@ -52,11 +55,10 @@ class SupervisedConfig:
 
 @dataclass
 class StudentConfig:
-    """The trained model (the student): `training.model.path` itself, or its first
-    `num_layers` transformer layers (infocse/student.py), built offline into
-    `output_dir/student`."""
+    """The trained model (the student): `model.path` itself, or its first `num_layers`
+    transformer layers (infocse/student.py), built offline into the rounds' `student/`."""
 
-    num_layers: int | None = None  # None: train training.model.path itself
+    num_layers: int | None = None  # None: train model.path itself
 
 
 @dataclass
@@ -70,15 +72,26 @@ class HeldOutConfig:
 
 
 @dataclass
-class InfoCSEConfig:
+class InfoCSEConfig(TrainingConfig):
+    # Before the one vocabulary the training settings sat under `training.` and the output
+    # directory was `output_dir`.
+    KEY_ALIASES: typing.ClassVar[dict[str, str]] = {"training.": "", "output_dir": "output.dir"}
+
+    output: OutputConfig = field(default_factory=lambda: OutputConfig(dir="outputs/infocse"))
     documents: DocumentsConfig = field(default_factory=DocumentsConfig)
     annotation: AnnotationConfig = field(default_factory=AnnotationConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
     supervised: SupervisedConfig = field(default_factory=SupervisedConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
     heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
-    output_dir: str = "outputs/infocse"
+
+    @property
+    def training(self) -> TrainingConfig:
+        """The settings each round's training starts from: a TrainingConfig over this config's
+        own sections (shared, not copied: copy it before changing it for one round)."""
+        return TrainingConfig(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainingConfig)}
+        )
 
     def validate(self) -> None:
         # Each section checks its own keys, naming them (ConfigError is a ValueError).
@@ -87,10 +100,7 @@ class InfoCSEConfig:
         # Local paths must exist; 'org/name' and hf:// / s3:// / gs:// sources are read by the
         # readers from the hub or object store, so they cannot be checked here.
         require_sources(self.documents.paths, "documents.paths")
-        try:
-            self.training.validate()
-        except ConfigError as error:
-            raise ConfigError(f"training.{error}") from error
+        super().validate()
         r, s = self.rounds, self.supervised
         require_range(r.max_rounds, "rounds.max_rounds", 1)
         require_range(r.patience, "rounds.patience", 1)
@@ -119,4 +129,3 @@ class InfoCSEConfig:
             "heldout_dev_mrr needs held-out documents: set heldout.fraction > 0, or choose "
             "rounds by stsb_dev",
         )
-        _require(bool(self.output_dir.strip()), "output_dir", "is empty")

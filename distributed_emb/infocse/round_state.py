@@ -1,7 +1,7 @@
 """Where an InfoCSE run keeps its rounds' state, and how a restarted run continues.
 
 Every node of a cluster must reach what a round leaves for the next one (its model, its
-pairs), so that state lives under one *root*: `<training.output.storage_path>/<run name>` when
+pairs), so that state lives under one *root*: `<output.storage_path>/<run name>` when
 a storage path is set (s3://, gs://, or a directory every node mounts), else the job's output
 directory (one machine). Under the root:
 
@@ -20,7 +20,7 @@ exported model are there.
 A restarted run reads rounds.json: the finished rounds are not run again; a round whose pairs
 were committed is not annotated again; its training continues from the round's last
 checkpoint (Ray Train's restore, output.resume=auto). Rounds of a run with other settings are
-refused, naming the keys that differ, unless `training.output.resume=overwrite`.
+refused, naming the keys that differ, unless `output.resume=overwrite`.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class RoundState:
         text = storage.read_text(self.location(ROUNDS_FILE))
         if overwrite:
             if text is not None or storage.has_files(self.root):
-                log.warning("training.output.resume=overwrite: deleting the rounds in %s",
+                log.warning("output.resume=overwrite: deleting the rounds in %s",
                             self.root)  # fmt: skip
                 self._delete_rounds()
             return None
@@ -111,8 +111,8 @@ class RoundState:
         if changes:
             raise ConfigError(
                 f"{self.location(ROUNDS_FILE)} holds the rounds of a run with other settings: "
-                f"{', '.join(changes)}; pass training.output.resume=overwrite to delete them, "
-                f"or choose another training.output.run_name (or output directory)"
+                f"{', '.join(changes)}; pass output.resume=overwrite to delete them, "
+                f"or choose another output.run_name (or output directory)"
             )
         return saved
 

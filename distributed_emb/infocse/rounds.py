@@ -6,7 +6,7 @@ a copy of the same model on the pairs with the core trainer (in-batch and cross-
 negatives, same-document negatives masked), and scores STS-B dev and an STS-B-dev retrieval
 set. InfoCSE++ adds a supervised fine-tuning step on labelled pairs after each round.
 
-Teacher/student: the trained model (the student) is `training.model.path` or its first
+Teacher/student: the trained model (the student) is `model.path` or its first
 `student.num_layers` layers (infocse/student.py); a teacher (`annotation.model`) annotates
 rounds 1..`annotation.teacher_rounds` in the student's place. Held-out documents
 (`heldout.*`, split by document) are never annotated or trained on; every round's model is
@@ -224,7 +224,7 @@ def _training_config(
 
 
 def _base_run_name(config: InfoCSEConfig) -> str:
-    return config.training.output.run_name or Path(config.output_dir).name
+    return config.training.output.run_name or Path(config.output.dir).name
 
 
 def supervised_pairs_file(config: InfoCSEConfig, location: str) -> int:
@@ -255,11 +255,11 @@ def supervised_pairs_file(config: InfoCSEConfig, location: str) -> int:
 
 
 def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
-    output = Path(config.output_dir)
+    output = Path(config.output.dir)
     output.mkdir(parents=True, exist_ok=True)
     sinks = MetricsSinks.start(
         config.training.logging, output, asdict(config), _base_run_name(config),
-        log_name=ROUNDS_LOG, key="training.logging",
+        log_name=ROUNDS_LOG, key="logging",
     )  # fmt: skip
     try:
         return _run_rounds(config, output, sinks)
@@ -268,12 +268,12 @@ def run_rounds(config: InfoCSEConfig) -> list[RoundRecord]:
 
 
 def round_state(config: InfoCSEConfig) -> RoundState:
-    """The rounds' state: on `training.output.storage_path` (every node reaches it), else in
+    """The rounds' state: on `output.storage_path` (every node reaches it), else in
     the output directory (infocse/round_state.py)."""
     storage_path = config.training.output.storage_path
     if storage_path:
         return RoundState(storage.join(storage_path, _base_run_name(config)), remote=True)
-    return RoundState(str(Path(config.output_dir).resolve()), remote=False)
+    return RoundState(str(Path(config.output.dir).resolve()), remote=False)
 
 
 def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> list[RoundRecord]:
@@ -525,7 +525,7 @@ def _next_round_follows(config: InfoCSEConfig, best_dev: float, rounds_without_g
     """Would a next round run if this round's model were the checkpoint reported? The
     stopping rule of run_rounds applied to the in-training STS-B dev, which scores the same
     pairs as the round's evaluation when rounds are chosen on STS-B dev and
-    training.eval.max_pairs is unset; otherwise (held-out retrieval, or a subset of STS-B dev)
+    eval.max_pairs is unset; otherwise (held-out retrieval, or a subset of STS-B dev)
     it is not comparable, and every report is worth mining."""
     r = config.rounds
     comparable = r.select_by == "stsb_dev" and config.training.eval.max_pairs is None
@@ -632,7 +632,7 @@ def _save_json(path: Path, data: dict) -> None:
 
 
 def _initial_model(config: InfoCSEConfig, output: Path, state: RoundState) -> str:
-    """The model rounds train: training.model.path, or its first student.num_layers layers
+    """The model rounds train: model.path, or its first student.num_layers layers
     (built offline into output/student, a deterministic cut; with a storage path, put there
     as `student/` so that annotation actors and Train workers on any node load it)."""
     source = config.training.model_path

@@ -1,13 +1,13 @@
 """The MCR² compression run's configuration (loaded with ``distributed_emb.config.load_config``).
 
-Every knob of ``jobs/train_mcr2.py`` lives here; ``jobs/configs/mcr2.yaml`` shows them all.
+Every setting of ``jobs/train_mcr2.py`` is declared here; ``--help`` lists them with their defaults.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from distributed_emb.config import (
     ConfigError,
@@ -59,11 +59,11 @@ class AssignmentConfig:
 
 
 @dataclass
-class OptimConfig:
+class HeadTrainingConfig:
     epochs: int = 30
     batch_size: int = 512  # sentences per MCR² batch (rows of Z)
     pair_batch_size: int = 256  # similar pairs per step for the pair term
-    lr: float = 1e-3
+    learning_rate: float = 1e-3
     weight_decay: float = 0.0
     seed: int = 0
     # Threads for head training in this process. 1 on a shared 2-core machine: the head's
@@ -91,14 +91,29 @@ class CompressionEvalConfig:
 
 
 @dataclass
+class CompressionOutputConfig:
+    dir: str = "outputs/mcr2"  # results.json / .md, the exported models, run.log
+
+
+@dataclass
 class MCR2Config:
+    # Before the one vocabulary: the encoder was `encoder.`, head training `optim.` (its rate
+    # `optim.lr`), the output directory `output_dir`.
+    KEY_ALIASES: ClassVar[dict[str, str]] = {
+        "encoder.": "model.",
+        "optim.lr": "train.learning_rate",
+        "optim.": "train.",
+        "output_dir": "output.dir",
+        "matryoshka.lr": "matryoshka.learning_rate",
+    }
+
     output_dims: list[int] = field(default_factory=lambda: [64, 128])
-    output_dir: str = "outputs/mcr2"
+    output: CompressionOutputConfig = field(default_factory=CompressionOutputConfig)
     baselines: list[Literal["pca", "pca_whiten", "random", "full", "matryoshka"]] = field(
         default_factory=lambda: list(BASELINES)
     )
     export: bool = True  # write encoder + best head as a SentenceTransformer dir per dim
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    model: EncoderConfig = field(default_factory=EncoderConfig)  # the frozen encoder
     sentences: SentencesConfig = field(default_factory=SentencesConfig)
     pairs: PairsConfig = field(default_factory=PairsConfig)
     assignments: AssignmentConfig = field(default_factory=AssignmentConfig)
@@ -108,11 +123,11 @@ class MCR2Config:
     loss: MCR2LossConfig = field(
         default_factory=lambda: MCR2LossConfig(distill_weight=COMPRESSION_DISTILL_WEIGHT)
     )
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: HeadTrainingConfig = field(default_factory=HeadTrainingConfig)
     eval: CompressionEvalConfig = field(default_factory=CompressionEvalConfig)
     matryoshka: MatryoshkaConfig = field(default_factory=MatryoshkaConfig)
     ray: RayConfig = field(default_factory=RayConfig)
-    # train_log.jsonl and TensorBoard/W&B/MLflow in output_dir (each head's epochs, the table);
+    # train_log.jsonl and TensorBoard/W&B/MLflow in output.dir (each head's epochs, the table);
     # logging_steps: a console line every N epochs of a head.
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -127,13 +142,13 @@ class MCR2Config:
         require(
             len(set(self.output_dims)) == len(self.output_dims), "output_dims", "has duplicates"
         )
-        require(bool(self.output_dir.strip()), "output_dir", "is empty")
-        e = self.encoder
-        require_model_dir(e.path, "encoder.path")
-        require_range(e.max_seq_length, "encoder.max_seq_length", 4, allow_none=True)
-        require_range(e.batch_size, "encoder.batch_size", 1)
-        require_range(e.concurrency, "encoder.concurrency", 1)
-        require_range(e.torch_threads, "encoder.torch_threads", 1, allow_none=True)
+        require(bool(self.output.dir.strip()), "output.dir", "is empty")
+        e = self.model
+        require_model_dir(e.path, "model.path")
+        require_range(e.max_seq_length, "model.max_seq_length", 4, allow_none=True)
+        require_range(e.batch_size, "model.batch_size", 1)
+        require_range(e.concurrency, "model.concurrency", 1)
+        require_range(e.torch_threads, "model.torch_threads", 1, allow_none=True)
         s, p = self.sentences, self.pairs
         if s.paths:
             require_sources(s.paths, "sentences.paths")
@@ -170,14 +185,14 @@ class MCR2Config:
             "pca starts a linear head; with head.hidden_dims set use auto or random",
         )
         validate_mcr2_loss(self.loss, "loss")
-        o = self.optim
-        require_range(o.epochs, "optim.epochs", 1)
-        require_range(o.batch_size, "optim.batch_size", 2)
-        require_range(o.pair_batch_size, "optim.pair_batch_size", 1)
-        require_range(o.lr, "optim.lr", 0, low_open=True)
-        require_range(o.weight_decay, "optim.weight_decay", 0)
-        require_seed(o.seed, "optim.seed")
-        require_range(o.torch_threads, "optim.torch_threads", 1)
+        o = self.train
+        require_range(o.epochs, "train.epochs", 1)
+        require_range(o.batch_size, "train.batch_size", 2)
+        require_range(o.pair_batch_size, "train.pair_batch_size", 1)
+        require_range(o.learning_rate, "train.learning_rate", 0, low_open=True)
+        require_range(o.weight_decay, "train.weight_decay", 0)
+        require_seed(o.seed, "train.seed")
+        require_range(o.torch_threads, "train.torch_threads", 1)
         ev = self.eval
         if ev.senteval_dir is not None:
             require(
@@ -204,7 +219,7 @@ class MCR2Config:
         m = self.matryoshka
         require_range(m.steps, "matryoshka.steps", 1)
         require_range(m.batch_size, "matryoshka.batch_size", 2)
-        require_range(m.lr, "matryoshka.lr", 0, low_open=True)
+        require_range(m.learning_rate, "matryoshka.learning_rate", 0, low_open=True)
         require_seed(m.seed, "matryoshka.seed")
         if "matryoshka" in self.baselines and m.positives == "pairs":
             require(self.pairs.source != "none", "matryoshka.positives", "pairs needs pairs")

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class MatryoshkaConfig:
     steps: int = 200  # optimiser steps (the budget)
     batch_size: int = 64  # pairs per step: in-batch negatives for MNRL
-    lr: float = 2e-5
+    learning_rate: float = 2e-5
     # pairs: the run's similar pairs (IDC by default); dropout: each training sentence with
     # itself, the two passes differing by dropout (SimCSE's unsupervised recipe).
     positives: Literal["pairs", "dropout"] = "pairs"
@@ -71,7 +71,7 @@ def train_matryoshka(
     full = dimension() if dimension else model.get_sentence_embedding_dimension()
     sizes = sorted({*(d for d in dims if d <= full), full}, reverse=True)
     loss_fn = losses.MatryoshkaLoss(model, losses.MultipleNegativesRankingLoss(model), sizes)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     preprocess = getattr(model, "preprocess", None) or model.tokenize  # ST < 6: tokenize
     rng = np.random.default_rng(config.seed)
     batch = min(config.batch_size, len(anchors))

@@ -16,7 +16,7 @@
    under ``models/`` are what jobs/finetune_mcr2.py fine-tunes end to end.
 
 Metrics also go to the sinks of the ``logging`` section (distributed_emb.tracking), in
-``output_dir``: ``train_log.jsonl`` and ``tensorboard/`` hold each head's epochs (kind
+``output.dir``: ``train_log.jsonl`` and ``tensorboard/`` hold each head's epochs (kind
 ``head_<dim>``, step = epoch) and the comparison (kind = method, step = output size).
 """
 
@@ -140,7 +140,7 @@ def _load_average() -> list[float] | None:
 @contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Torch's intra-op threads set to `count` inside the block, restored after. Only the
-    heads' small matmuls run on `optim.torch_threads`; encoding in this process and the
+    heads' small matmuls run on `train.torch_threads`; encoding in this process and the
     Matryoshka fine-tuning keep every core (with 1 thread they ran at half speed on 2 cores)."""
     before = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -161,7 +161,7 @@ def run(config: MCR2Config) -> dict:
     """Train, compare and export; returns the results written to ``results.json``."""
     started = time.perf_counter()
     load_at_start = _load_average()
-    output_dir = Path(config.output_dir)
+    output_dir = Path(config.output.dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     sinks = MetricsSinks.start(
@@ -170,13 +170,13 @@ def run(config: MCR2Config) -> dict:
     try:
         inputs = read_inputs(config)
         inputs.sentences.write_parquet(output_dir / TRAINING_SENTENCES_FILE)
-        encoder = CachedEncoder(config.encoder)
+        encoder = CachedEncoder(config.model)
         with _timed(timings, "encode_training_s"):
             data, pairs_summary = embed_inputs(config, inputs, encoder)
         log.info(
             "embedded training data in %.1f s (%s)", timings["encode_training_s"], encoder.stats
         )
-        with _timed(timings, "train_heads_s"), torch_threads(config.optim.torch_threads):
+        with _timed(timings, "train_heads_s"), torch_threads(config.train.torch_threads):
             heads = train_heads(config, data, sinks)
             methods = fit_methods(config, heads, data.sentences)
         matryoshka = None
@@ -294,7 +294,7 @@ def train_heads(
     heads: dict[int, TrainedHead] = {}
     for dim in config.output_dims:
         trained = train_head(
-            dim, data, config.head, config.loss, config.assignments, config.optim,
+            dim, data, config.head, config.loss, config.assignments, config.train,
             log_every=config.logging.logging_steps,
         )  # fmt: skip
         for row in trained.history:
@@ -330,9 +330,9 @@ def train_matryoshka_baseline(config: MCR2Config, inputs: RunInputs, output_dir:
     else:
         anchors = positives = inputs.sentences.texts
     trained = train_matryoshka(
-        config.encoder.model_path(),
-        config.encoder.pooler,
-        config.encoder.max_seq_length,
+        config.model.model_path(),
+        config.model.pooler,
+        config.model.max_seq_length,
         anchors,
         positives,
         list(config.output_dims),
@@ -347,7 +347,7 @@ def matryoshka_methods(config: MCR2Config, trained, encoder: CachedEncoder) -> M
     """The fine-tuned encoder truncated to each output size; its vectors are cached like the
     frozen encoder's (its own directory, so its own cache keys)."""
     tuned = CachedEncoder(
-        dataclasses.replace(config.encoder, path=trained.path, pooler=None),
+        dataclasses.replace(config.model, path=trained.path, pooler=None),
     )
     return {
         (dim, "matryoshka"): TextMethod(lambda texts, dim=dim: truncate(tuned(texts), dim))
@@ -363,7 +363,7 @@ def fit_methods(config: MCR2Config, heads: dict[int, TrainedHead], x: np.ndarray
         methods[(dim, "mcr2")] = head_projection(trained)
         for name in config.baselines:
             if name not in ("full", "matryoshka"):
-                methods[(dim, name)] = fit_baseline(name, x, dim, config.optim.seed)
+                methods[(dim, name)] = fit_baseline(name, x, dim, config.train.seed)
     if "full" in config.baselines:
         methods[(x.shape[1], "full")] = fit_baseline("full", x, x.shape[1])
     return methods
@@ -445,8 +445,8 @@ def export_heads(
             output_dir / "models" / f"mcr2-{dim}",
             model_path,
             trained.head,
-            pooler=config.encoder.pooler,
-            max_seq_length=config.encoder.max_seq_length,
+            pooler=config.model.pooler,
+            max_seq_length=config.model.max_seq_length,
             metadata={
                 "stsb_dev": trained.best_dev["stsb_dev"],
                 "dev": trained.best_dev,

@@ -26,7 +26,7 @@ from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
 from distributed_emb.mcr2.assignments import SoftAssignmentHead
 from distributed_emb.mcr2.baselines import fit_pca_model
-from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, OptimConfig
+from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, HeadTrainingConfig
 from distributed_emb.mcr2.head import CompressionHead
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def train_head(
     head_config: HeadConfig,
     loss_config: MCR2LossConfig,
     assignment_config: AssignmentConfig,
-    optim: OptimConfig,
+    optim: HeadTrainingConfig,
     log_every: int = 1,
 ) -> TrainedHead:
     """Train a head to `output_dim`; return it at its best dev epoch (``dev_avg``). A log line every
@@ -123,7 +123,7 @@ def train_head(
         else None
     )
     params = list(head.parameters()) + (list(assigner.parameters()) if assigner else [])
-    optimiser = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
+    optimiser = torch.optim.AdamW(params, lr=optim.learning_rate, weight_decay=optim.weight_decay)
     loss_fn = MCR2Loss(loss_config)
     if data.pairs is not None:
         anchors = torch.from_numpy(np.ascontiguousarray(data.pairs[0], dtype=np.float32))

@@ -69,7 +69,7 @@ def _fmt_resources(resources: dict) -> str:
 
 def state_api_served() -> bool:
     """Whether this Ray serves its State API (the dashboard). A local Ray started without one
-    (a laptop run, cli.start_ray) does not: asking it would only fail, every poll."""
+    (a laptop run, runtime.start_ray) does not: asking it would only fail, every poll."""
     try:
         from ray._private.worker import get_dashboard_url
 

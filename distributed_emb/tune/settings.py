@@ -46,6 +46,8 @@ class TuneSettings:
     seed: int | None = 0  # searcher seed (None: not reproducible)
     export_best: bool = True  # export the best trial's best checkpoint as a model
     plots: bool = True
+    # Continue the search already in output.dir, with the config saved there (--resume).
+    resume: bool = False
 
 
 @dataclass

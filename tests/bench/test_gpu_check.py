@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_tiny_cpu_run_measures_every_engine(cpp_compiler, tmp_path):
     output = tmp_path / "gpu_check.json"
     subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--tiny", "--device", "cpu", "--batches", "4",
+        [sys.executable, "-m", "bench.gpu_check", "--tiny", "--device", "cpu", "--batches", "4",
          "--engines", "ddp,ddp+compile", "--steps", "1", "--warmup", "1",
          "--output", str(output)],
         cwd=REPO, check=True, timeout=600,

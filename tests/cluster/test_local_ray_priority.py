@@ -1,6 +1,6 @@
 """A local run's Ray workers run at the driver's priority, not at Ray's default nice 15 (which
 leaves training only the CPU that anything else on the machine does not want), and see Ray
-Train's preemption watcher turned off (cli.LOCAL_INSTANCE_ENVIRONMENT)."""
+Train's preemption watcher turned off (runtime.LOCAL_INSTANCE_ENVIRONMENT)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# cli.start_ray as the jobs call it, then the niceness of the driver and of a task's worker.
+# runtime.start_ray as the jobs call it, then the niceness of the driver and of a task's worker.
 PROBE = """
 import json, os
 import ray
-from distributed_emb.cli import start_ray
+from distributed_emb.runtime import start_ray
 from distributed_emb.config import TrainingConfig, load_config
 
-start_ray(load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]))
+start_ray(load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]).ray)
 
 @ray.remote
 def worker_settings():

@@ -416,7 +416,7 @@ def test_annotation_stall_timeout_is_validated():
 def test_a_local_ray_without_the_dashboard_is_not_asked_and_no_warning_is_shown(
     caplog, monkeypatch
 ):
-    # A laptop run starts Ray without the dashboard (cli.start_ray): its State API cannot
+    # A laptop run starts Ray without the dashboard (runtime.start_ray): its State API cannot
     # answer, which is expected there, so the watchdog watches placement groups only and says
     # so at INFO, instead of warning about a failed connection in every run.
     import ray

@@ -132,21 +132,21 @@ def test_without_the_token_nothing_gets_in_and_with_it_everything_works(token_he
     assert "joined 1" in joined_output
 
 
-# --- a local run: cli.start_ray as jobs/train_informin.py calls it ----------------------------
+# --- a local run: runtime.start_ray as jobs/train_informin.py calls it ----------------------------
 
-# Runs cli.start_ray (with the State API, so the dashboard/job HTTP server starts too) in a
+# Runs runtime.start_ray (with the State API, so the dashboard/job HTTP server starts too) in a
 # fresh HOME and umask 022, prints what it opened, and keeps Ray up until stdin closes.
 LOCAL_START = """
 import json, os, sys
 import psutil, ray
-from distributed_emb.cli import start_ray
+from distributed_emb.runtime import start_ray
 from distributed_emb.config import TrainingConfig, load_config
 
 os.umask(0o022)
 real_init = ray.init
 ray.init = lambda **kwargs: real_init(dashboard_port=int(sys.argv[1]), **kwargs)
 start_ray(
-    load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]),
+    load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]).ray,
     state_api=True,
 )
 ours = {p.pid: p.name() for p in psutil.Process().children(recursive=True)}
@@ -202,7 +202,7 @@ def test_a_local_run_demands_the_token_and_keeps_http_on_loopback(tmp_path):
     )
     try:
         opened = json.loads(local.stdout.readline() or "{}")
-        assert opened, "cli.start_ray did not start a local Ray"
+        assert opened, "runtime.start_ray did not start a local Ray"
         stranger = {**base_env(), "HOME": str(stranger_home)}
         job_api = f"http://127.0.0.1:{dashboard_port}/api/jobs/"
         anonymous_jobs = requests.get(job_api, timeout=30)

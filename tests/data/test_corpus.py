@@ -112,15 +112,11 @@ def test_shipped_wikipedia_corpus_is_clean():
 
 
 def test_a_local_corpus_too_small_for_one_step_fails_before_ray(tmp_path, capsys):
-    from distributed_emb.cli import parse_training_args
+    from harness.jobs import run
 
     corpus = tmp_path / "tiny.txt"
     corpus.write_text("One.\nTwo.\n\nThree.\n")
-    with pytest.raises(SystemExit) as exit_info:
-        parse_training_args(
-            [f"data.path={corpus}", "--output", str(tmp_path / "out")], None, "test"
-        )
-    assert exit_info.value.code == 2
+    assert run("train_informin", [f"data.path={corpus}", "--output", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert f"{corpus}: 3 usable rows cannot fill one step of 64" in error
     assert "empty=1" in error

@@ -3,36 +3,24 @@ on one machine), with a tiny model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def load_job():
-    spec = importlib.util.spec_from_file_location("evaluate_job", REPO / "jobs" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from harness.jobs import checked_config, run
 
 
 def test_bad_flags_exit_with_the_key(tmp_path, capsys):
-    job = load_job()
-    with pytest.raises(SystemExit) as exit_info:
-        job.main([str(tmp_path), "--tasks", "sts,nonsense"])
-    assert exit_info.value.code == 2
+    assert run("evaluate", [str(tmp_path), "--tasks", "sts,nonsense"]) == 2
     assert "tasks: unknown task 'nonsense'" in capsys.readouterr().err
 
 
 @pytest.mark.ray
 def test_evaluate_job_with_ray_writes_table_and_json(tiny_bert_path, ray_local, tmp_path, capsys):
-    job = load_job()
     output = tmp_path / "results.json"
     # Default --senteval-data: the shipped STS-B-only directory.
-    code = job.main(
+    code = run(
+        "evaluate",
         [
             tiny_bert_path,
             "--pooler",
@@ -62,15 +50,15 @@ def test_evaluate_job_with_ray_writes_table_and_json(tiny_bert_path, ray_local, 
 
 def test_evaluate_job_on_one_machine_encodes_in_process(tiny_bert_path, tmp_path, monkeypatch):
     """No cluster to join, one actor: encoding in this process; Ray is neither started nor used."""
+    from distributed_emb import cli
     from distributed_emb.model import embedder
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    job = load_job()
-    monkeypatch.setattr(job, "start_ray", lambda config: pytest.fail("the job started Ray"))
+    monkeypatch.setattr(cli, "start_ray", lambda *a, **k: pytest.fail("the job started Ray"))
     monkeypatch.setattr(embedder, "ray_encode", lambda *a, **k: pytest.fail("encoded on Ray"))
     output = tmp_path / "results.json"
     argv = [tiny_bert_path, "--pooler", "mean", "--tasks", "STSBenchmark", "--output", str(output)]
-    assert job.main([*argv, "--max-seq-len", "32"]) == 0
+    assert run("evaluate", [*argv, "--max-seq-len", "32"]) == 0
     saved = json.loads(output.read_text())
     assert saved["config"]["encode"]["use_ray"] == "auto"
     assert saved["sts"]["STSBenchmark"]["n"] == 1379
@@ -92,19 +80,19 @@ def _stsb_only(root: Path) -> Path:
 def test_senteval_data_finds_downstream_under_data_or_a_checkout(tmp_path, level):
     downstream = _stsb_only(tmp_path)
     given = {"downstream": downstream, "data": downstream.parent, "checkout": tmp_path}[level]
-    config = load_job().parse_args(["--senteval-data", str(given), "--tasks", "STSBenchmark"])
+    config = checked_config("evaluate", ["--senteval-data", str(given), "--tasks", "STSBenchmark"])
     assert Path(config.senteval_dir) == downstream
 
 
 def test_no_data_for_any_requested_task_exits_2_naming_the_layout(tmp_path, capsys):
     downstream = _stsb_only(tmp_path)
     output = tmp_path / "results.json"
-    with pytest.raises(SystemExit) as exit_info:
-        load_job().main(
-            ["--senteval-data", str(downstream.parent), "--tasks", "transfer", "--no-ray",
-             "--output", str(output)]
-        )  # fmt: skip
-    assert exit_info.value.code == 2
+    code = run(
+        "evaluate",
+        ["--senteval-data", str(downstream.parent), "--tasks", "transfer", "--no-ray",
+         "--output", str(output)],
+    )  # fmt: skip
+    assert code == 2
     err = capsys.readouterr().err
     assert "senteval_dir: no data for any requested task (MR, CR, SUBJ" in err
     assert "data/downstream directory (or its parent data/)" in err
@@ -114,7 +102,7 @@ def test_no_data_for_any_requested_task_exits_2_naming_the_layout(tmp_path, caps
 
 def test_some_requested_tasks_present_is_not_an_error(tmp_path):
     downstream = _stsb_only(tmp_path)
-    config = load_job().parse_args(["--senteval-data", str(downstream), "--tasks", "sts"])
+    config = checked_config("evaluate", ["--senteval-data", str(downstream), "--tasks", "sts"])
     assert config.senteval_dir == str(downstream)  # STS12–16 and SICK are skipped later
 
 
@@ -123,7 +111,8 @@ def test_evaluate_job_without_ray_reads_senteval_data_given_as_data_dir(
 ):
     downstream = _stsb_only(tmp_path / "SentEval")
     output = tmp_path / "results.json"
-    code = load_job().main(
+    code = run(
+        "evaluate",
         [tiny_bert_path, "--senteval-data", str(downstream.parent), "--tasks", "STSBenchmark",
          "--pooler", "mean", "--max-seq-len", "32", "--no-ray", "--output", str(output)]
     )  # fmt: skip

@@ -27,11 +27,11 @@ _shared_address: str | None = None  # the GCS of the instance start_shared_ray s
 
 def start_shared_ray():
     """The local instance the shared tests run on: as many logical CPUs as the machine has
-    cores (nothing may depend on more), started as cli.start_ray starts a local run's."""
+    cores (nothing may depend on more), started as runtime.start_ray starts a local run's."""
     global _shared_address
     import ray
 
-    from distributed_emb.cli import local_instance_environment
+    from distributed_emb.runtime import local_instance_environment
 
     if not ray.is_initialized():
         with local_instance_environment():  # workers at the driver's priority, no watcher

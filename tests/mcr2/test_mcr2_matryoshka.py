@@ -26,7 +26,7 @@ def test_matryoshka_fine_tuning_makes_the_truncated_vectors_retrieve_their_pairs
     from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     before = load_sentence_transformer(tiny_bert_path, pooler="mean", max_seq_length=16)
-    config = MatryoshkaConfig(steps=60, batch_size=6, lr=3e-3)
+    config = MatryoshkaConfig(steps=60, batch_size=6, learning_rate=3e-3)
     trained = train_matryoshka(
         tiny_bert_path, "mean", 16, ANCHORS, POSITIVES, [4, 8], config, tmp_path / "m"
     )

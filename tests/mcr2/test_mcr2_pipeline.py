@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -54,20 +53,20 @@ def small_data(tmp_path_factory) -> tuple[str, str, str]:
 def _overrides(tmp_path, tiny_bert_path, small_data) -> list[str]:
     senteval_dir, documents, _ = small_data
     return [
-        f"output_dir={tmp_path / 'run'}",
-        f"encoder.path={tiny_bert_path}",
-        "encoder.use_ray=false",
-        f"encoder.cache_dir={tmp_path / 'cache'}",
-        "encoder.max_seq_length=32",
+        f"output.dir={tmp_path / 'run'}",
+        f"model.path={tiny_bert_path}",
+        "model.use_ray=false",
+        f"model.cache_dir={tmp_path / 'cache'}",
+        "model.max_seq_length=32",
         f"sentences.paths=[{documents}]",
         f"pairs.senteval_dir={senteval_dir}",
         "pairs.min_score=3.0",
         f"eval.senteval_dir={senteval_dir}",
         "output_dims=[4, 8]",
         "head.hidden_dims=[16]",
-        "optim.epochs=2",
-        "optim.batch_size=32",
-        "optim.pair_batch_size=8",
+        "train.epochs=2",
+        "train.batch_size=32",
+        "train.pair_batch_size=8",
     ]
 
 
@@ -132,7 +131,7 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     # different cosines; it is its own row.
     assert rows[(8, "pca_whiten")]["stsb_test"] != rows[(8, "pca")]["stsb_test"]
 
-    out = Path(config.output_dir)
+    out = Path(config.output.dir)
     # The corpus of end-to-end fine-tuning: exactly the heads' sentences and cluster ids.
     import pyarrow.parquet as pq
 
@@ -178,35 +177,31 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def _job_module():
-    spec = importlib.util.spec_from_file_location("train_mcr2_job", REPO / "jobs" / "train_mcr2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["optim.epochz=3"], "unknown config key 'optim.epochz'"),
+        (["train.epochz=3"], "unknown config key 'train.epochz'"),
         (["output_dims=[64, 64]"], "output_dims: has duplicates"),
         (["loss.eps=0"], "loss.eps: must be > 0"),
-        (["--senteval-data", "/no/such/dir"], "--senteval-data: /no/such/dir is not a directory"),
+        (["--senteval-data", "/no/such/dir"], "eval.senteval_dir: /no/such/dir is not a direct"),
+        # A key from before the one vocabulary still works, and its error names the new key.
+        (["optim.lr=0"], "train.learning_rate: must be > 0"),
     ],
 )
 def test_job_rejects_bad_settings_before_doing_anything(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        _job_module().parse_args(argv)
-    assert exit_info.value.code == 2
+    from harness.jobs import run
+
+    assert run("train_mcr2", argv) == 2
     assert message in capsys.readouterr().err
 
 
-def test_job_defaults_are_the_dataclass_defaults():
-    # The YAML spells out every knob; it must not drift from the code's defaults.
-    assert _job_module().parse_args([]) == MCR2Config()
+def test_old_keys_move_to_the_one_vocabulary():
+    config = load_config(MCR2Config, None, ["encoder.batch_size=7", "optim.lr=0.5", "output_dir=x"])
+    assert config.model.batch_size == 7 and config.train.learning_rate == 0.5
+    assert config.output.dir == "x"
 
 
-def test_only_the_head_training_runs_on_optim_torch_threads():
+def test_only_the_head_training_runs_on_train_torch_threads():
     before = torch.get_num_threads()
     with torch_threads(1):
         assert torch.get_num_threads() == 1

@@ -11,7 +11,7 @@ from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig
 from distributed_emb.mcr2.baselines import fit_baseline
-from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, OptimConfig
+from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, HeadTrainingConfig
 from distributed_emb.mcr2.train import HeadTrainingData, head_dev_scores, train_head
 
 
@@ -41,7 +41,7 @@ def test_returned_head_is_the_best_dev_epoch(source):
         HeadConfig(hidden_dims=[32]),
         MCR2LossConfig(eps=0.5, pair_weight=0.5),
         AssignmentConfig(source=source, num_clusters=5),
-        OptimConfig(epochs=6, batch_size=128, pair_batch_size=32, lr=3e-3),
+        HeadTrainingConfig(epochs=6, batch_size=128, pair_batch_size=32, learning_rate=3e-3),
     )
     dev_by_epoch = [row["dev_avg"] for row in result.history]
     assert len(dev_by_epoch) == 7  # the untrained head, then 6 epochs
@@ -67,7 +67,7 @@ def test_training_increases_the_rate_reduction():
         HeadConfig(hidden_dims=[32]),
         MCR2LossConfig(eps=0.5, pair_weight=0.0),
         AssignmentConfig(),
-        OptimConfig(epochs=8, batch_size=400, lr=3e-3),
+        HeadTrainingConfig(epochs=8, batch_size=400, learning_rate=3e-3),
     )
     rates = [row["rate_reduction"] for row in result.history[1:]]
     assert rates[-1] > rates[0] + 0.5
@@ -77,12 +77,12 @@ def test_hard_assignments_need_cluster_ids():
     data = _toy_data()
     data.cluster_ids = None
     with pytest.raises(ValueError, match="cluster ids are needed"):
-        train_head(4, data, HeadConfig(), MCR2LossConfig(), AssignmentConfig(), OptimConfig())
+        train_head(4, data, HeadConfig(), MCR2LossConfig(), AssignmentConfig(), HeadTrainingConfig())
 
 
 def test_a_linear_head_starts_at_pca_unless_told_otherwise():
     data = _toy_data(2)
-    optim = OptimConfig(epochs=1, batch_size=128, pair_batch_size=32)
+    optim = HeadTrainingConfig(epochs=1, batch_size=128, pair_batch_size=32)
     projected = fit_baseline("pca", data.sentences, 6)
     a, b, gold = data.dev["stsb_dev"]
     pca_dev = spearman_of_embeddings(projected(a), projected(b), gold)
@@ -111,7 +111,7 @@ def test_the_distillation_term_keeps_the_encoders_neighbours():
             HeadConfig(init="random"),
             MCR2LossConfig(eps=0.5, pair_weight=0.0, distill_weight=weight),
             AssignmentConfig(),
-            OptimConfig(epochs=10, batch_size=128, lr=3e-3),
+            HeadTrainingConfig(epochs=10, batch_size=128, learning_rate=3e-3),
         )
         kls[weight] = _held_out_similarity_kl(trained.head, held_out)
         assert ("similarity_kl" in trained.history[1]) == (weight > 0)

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+from harness.jobs import job_module, run
 
-from distributed_emb import cli
+from distributed_emb.cli import job_config
 from distributed_emb.config import TrainingConfig, load_config, to_dict
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.train import trainer
@@ -215,9 +216,7 @@ def test_overwrite_deletes_the_earlier_run_and_starts_again(tmp_path, no_trainin
 
 def test_command_line_refuses_before_ray_starts(tmp_path, capsys):
     _finished_output(tmp_path)
-    with pytest.raises(SystemExit) as exited:
-        cli.parse_training_args(["--output", str(tmp_path / "out")], None, "test")
-    assert exited.value.code == 2
+    assert run("train_informin", ["--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"error: --output {tmp_path / 'out'} already holds a run" in err
     assert "--resume" in err and "--overwrite" in err
@@ -227,10 +226,8 @@ def test_command_line_refuses_before_ray_starts(tmp_path, capsys):
     "flag, mode",
     [("--resume", "must"), ("--resume-anyway", "anyway"), ("--overwrite", "overwrite")],
 )
-def test_command_line_flags_set_output_resume(tmp_path, flag, mode, monkeypatch):
-    monkeypatch.setattr(cli, "setup_logging", lambda directory: None)
-    monkeypatch.setattr(cli, "prepare_run", lambda config, dry_run: "r1")
-    config = cli.parse_training_args(["--output", str(tmp_path / "o"), flag], None, "test")
+def test_command_line_flags_set_output_resume(tmp_path, flag, mode):
+    config = job_config(job_module("train_informin").JOB, ["--output", str(tmp_path / "o"), flag])
     assert config.output.resume == mode
 
 
@@ -244,8 +241,9 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(
         rounds, "run_training", lambda config, callbacks=None: names.append(config.output)
     )
-    config = InfoCSEConfig(output_dir=str(tmp_path / "infocse"))
-    config.training.output.storage_path = str(tmp_path / "storage")
+    config = InfoCSEConfig()
+    config.output.dir = str(tmp_path / "infocse")
+    config.output.storage_path = str(tmp_path / "storage")
     for index in (1, 2):
         for stage in ("train", "supervised"):
             out = tmp_path / "infocse" / f"round_{index}" / stage

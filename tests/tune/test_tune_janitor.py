@@ -18,12 +18,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 def ray_with_state_api():
     import ray
 
-    from distributed_emb.cli import start_ray
+    from distributed_emb.runtime import start_ray
 
     assert not ray.is_initialized()
     config = TrainingConfig()
     config.ray.num_cpus, config.ray.object_store_memory_mb = os.cpu_count(), 256
-    start_ray(config, state_api=True)
+    start_ray(config.ray, state_api=True)
     yield ray
     ray.shutdown()
 

@@ -3,34 +3,24 @@ problem, before any Ray work."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from harness.jobs import checked_config, run
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def job():
-    spec = importlib.util.spec_from_file_location(
-        "tune_job_args", REPO / "jobs" / "tune_informin.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return "tune_informin"
 
 
 def refused(job, argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        job.parse_args(argv)
-    assert exit_info.value.code == 2
+    """The job's exit status is 2 before any Ray work; what it printed."""
+    assert run(job, argv) == 2
     return capsys.readouterr().err
 
 
 def test_defaults_and_flags_reach_the_config(job, tmp_path):
-    config, resume = job.parse_args(["--num-samples", "6", "--output", str(tmp_path / "s")])
-    assert not resume and config.tune.num_samples == 6
+    config = checked_config(job, ["--num-samples", "6", "--output", str(tmp_path / "s")])
+    assert not config.tune.resume and config.tune.num_samples == 6
     assert config.output.dir == str(tmp_path / "s") and config.model.path is None
 
 

@@ -11,7 +11,6 @@ checkpoint; plots are written; the whole search tokenised its corpus once.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import signal
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from harness.jobs import run
 
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.paths import shipped_corpus
@@ -31,13 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS, GRACE = 4, 2  # jobs/configs/tune_tiny.yaml: evaluations at 0, 2, 4; ASHA rung at 2
 CORPUS_ROWS = 256  # tune_tiny.yaml's data.max_rows of the 300 lines written
-
-
-def load_job():
-    spec = importlib.util.spec_from_file_location("tune_job", REPO / "jobs" / "tune_informin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_corpus(directory: Path) -> Path:
@@ -91,7 +84,8 @@ def search(tmp_path_factory, tiny_bert_path):
     killer = TrainWorkerKiller(output / "ray_results")
     killer.start()
     try:
-        code = load_job().main(
+        code = run(
+            "tune_informin",
             [
                 "--config",
                 str(REPO / "jobs" / "configs" / "tune_tiny.yaml"),

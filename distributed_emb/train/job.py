@@ -1,0 +1,66 @@
+"""The training job's own steps (jobs/train_informin.py, jobs/finetune_mcr2.py run them through
+cli.run_job): its checks before Ray starts, its resource plan, the run and its summary."""
+
+from __future__ import annotations
+
+from distributed_emb.config import TrainingConfig
+from distributed_emb.data.corpus import check_small_corpus
+from distributed_emb.resource_plan import cluster_from_ray, training_plan
+from distributed_emb.storage import require_reachable
+from distributed_emb.train.run_identity import prepare_run
+
+
+def prepare(config: TrainingConfig) -> None:
+    # Before anything uses them: the run's identity is of the absolute paths.
+    config.make_paths_absolute()
+
+
+def check(config: TrainingConfig) -> None:
+    """Before Ray starts: the storage the run writes to, an earlier run under the same name
+    (run_training checks again and, for --overwrite, deletes), and the corpus (listed; a small
+    local one counted)."""
+    check_storage(config)
+    prepare_run(config, dry_run=True)
+    check_small_corpus(config)
+
+
+def check_storage(config: TrainingConfig) -> None:
+    require_reachable(config.output.storage_path, "output.storage_path")
+    require_reachable(config.data.token_cache_dir, "data.token_cache_dir")
+
+
+def plan(config: TrainingConfig) -> int:
+    """`--plan`: the resource plan on the cluster the run would use; 0 if it fits (now or once
+    the autoscaler adds nodes), 3 if it never can."""
+    plan = training_plan(config, cluster_from_ray())
+    print(plan.table())
+    return 3 if plan.problem else 0
+
+
+def run(config: TrainingConfig) -> int:
+    from distributed_emb.train.trainer import run_training  # startup: torch, transformers
+
+    result = run_training(config)
+    print(summarise_run(result.metrics))
+    return 0
+
+
+def summarise_run(metrics: dict) -> str:
+    def fmt(value, spec=".2f"):
+        return "n/a" if value is None else format(value, spec)
+
+    corpus = metrics.get("corpus") or {}
+    return "\n".join(
+        [
+            f"model:            {metrics.get('model_dir')}",
+            f"STS-B dev:        {fmt(metrics.get('stsb_dev_before'))} → "
+            f"{fmt(metrics.get('stsb_dev_after'))} (best {fmt(metrics.get('stsb_dev_best'))} "
+            f"at step {metrics.get('best_step')})",
+            f"STS-B test:       {fmt(metrics.get('stsb_test'))} (exported model)",
+            f"steps:            {metrics.get('steps')} × global batch "
+            f"{metrics.get('global_batch')}",
+            f"sentences/s:      {fmt(metrics.get('sentences_per_s'), '.1f')}",
+            f"corpus:           kept {corpus.get('kept')}, dropped {corpus.get('dropped')}",
+            f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
+        ]
+    )
