@@ -219,7 +219,8 @@ def input_failure(error: BaseException) -> str | None:
         if _wraps_a_cause(cause):
             continue  # Ray's dual class: its text is Ray's traceback; the cause follows
         if isinstance(cause, UserInputError):
-            return str(cause)
+            # Ray Data appends its retry advice to a task's error: the user's line is first.
+            return str(cause).strip().splitlines()[0] if cause is not error else str(cause)
         if isinstance(cause, OSError):
             return _os_error_line(cause)
         if isinstance(cause, json.JSONDecodeError):
@@ -253,6 +254,8 @@ def _causes(error: BaseException) -> list[BaseException]:
 
 
 def _os_error_line(error: OSError) -> str:
+    if isinstance(error, FileExistsError) and Path(str(error.filename)).is_file():
+        return f"{error.filename}: is a file, not a directory"  # mkdir's "File exists"
     if error.filename is not None and error.strerror:
         return f"{error.filename}: {error.strerror}"
     return str(error).strip()

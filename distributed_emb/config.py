@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import logging
 import math
 import os
@@ -467,6 +468,13 @@ def require_model_dir(path: str | None, key: str) -> None:
         f"{path} is not a model directory: it has neither config.json (Hugging Face) "
         "nor modules.json (sentence-transformers)",
     )
+    for name in ("config.json", "modules.json"):
+        # Read by every worker that loads the model: a broken one fails here, not in them.
+        if (local / name).is_file():
+            try:
+                json.loads((local / name).read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise ConfigError(f"{key}: {local / name} is not valid JSON ({error})") from None
 
 
 def _physical_memory_mb() -> int | None:

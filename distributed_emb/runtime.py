@@ -205,5 +205,3 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("", 0))
         return probe.getsockname()[1]
-
-

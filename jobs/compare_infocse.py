@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Flag, Job, run_job
-from distributed_emb.data.sources import resolve_sources
+from distributed_emb.data.documents import check_small_documents
 from distributed_emb.infocse import compare
+from distributed_emb.storage import require_reachable
 
 INFOCSE_DEFAULTS = Path(__file__).parent / "configs" / "infocse_default.yaml"
 
@@ -29,7 +30,10 @@ def run(config: compare.ComparisonConfig) -> int:
 
 
 def check(config: compare.ComparisonConfig) -> None:
-    resolve_sources(config.documents.paths, config.documents.hf_split)  # listed before Ray
+    """Before Ray starts: the storage the arms' runs use, and the documents (listed; small
+    local ones parsed)."""
+    require_reachable(config.output.storage_path, "output.storage_path")
+    check_small_documents(config.documents)
 
 
 def config_source(args, job: Job) -> tuple[str | None, list[str]]:

@@ -74,6 +74,8 @@ def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[
 def check(config: EvaluationConfig) -> None:
     require_model_dir(config.model, "model")
     check_task_data(config)
+    if config.output:  # the results file's directory, before hours of encoding
+        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
 
 
 def run(config: EvaluationConfig) -> int:

@@ -16,15 +16,16 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Job, run_job
-from distributed_emb.data.sources import resolve_sources
+from distributed_emb.data.documents import check_small_documents
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.storage import require_reachable
 
 
 def check(config: InfoCSEConfig) -> None:
-    """Before Ray starts: the storage the rounds live on, and the documents (listed)."""
+    """Before Ray starts: the storage the rounds live on, and the documents (listed; small
+    local ones parsed)."""
     require_reachable(config.output.storage_path, "output.storage_path")
-    resolve_sources(config.documents.paths, config.documents.hf_split)
+    check_small_documents(config.documents)
 
 
 def run(config: InfoCSEConfig) -> int:

@@ -18,7 +18,17 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.data.sources import resolve_sources
 from distributed_emb.mcr2.config import MCR2Config
+
+
+def check(config: MCR2Config) -> None:
+    """Before anything is encoded: the sentence and pair sources are listed (a missing file or
+    bucket, an unreachable hub name fails here)."""
+    if config.sentences.paths:
+        resolve_sources(config.sentences.paths, config.sentences.hf_split)
+    if config.pairs.source == "file" and config.pairs.path:
+        resolve_sources([config.pairs.path])
 
 
 def encodes_with_ray(config: MCR2Config) -> bool:
@@ -54,6 +64,7 @@ JOB = Job(
     description=__doc__.split("\n\n")[0],
     config_class=MCR2Config,
     default_config=None,
+    check=check,
     run=run,
     uses_ray=encodes_with_ray,
     flags=(

@@ -20,8 +20,7 @@ import yaml
 
 from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.config import ConfigError, to_dict
-from distributed_emb.data.corpus import corpus_path
-from distributed_emb.data.sources import resolve_sources
+from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.train.job import check_storage
 from distributed_emb.tune.settings import SearchJobConfig
 
@@ -50,12 +49,12 @@ def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[
 
 
 def check(config: SearchJobConfig) -> None:
-    """Before Ray starts: the storage, the corpus (listed), and a search already in --output
-    (continued only with --resume)."""
+    """Before Ray starts: the storage, the corpus (listed; a small local one read), and a
+    search already in --output (continued only with --resume)."""
     from distributed_emb.tune.driver import can_resume, search_paths
 
     check_storage(config)
-    resolve_sources(corpus_path(config.data), config.data.hf_split)
+    check_small_corpus(config, fills_a_step=False)  # listed; a small local one read
     paths = search_paths(config)
     if not config.tune.resume and can_resume(paths):
         raise ConfigError(

@@ -174,11 +174,12 @@ class KeepFirstCopies:
 SMALL_CORPUS_BYTES = 64 * 1024**2
 
 
-def check_small_corpus(config) -> None:
+def check_small_corpus(config, fills_a_step: bool = True) -> None:
     """Every corpus is listed before Ray starts, and a local one small enough to count in a
     second or two is counted, so one that cannot fill a single step fails at once instead of
     inside the Train workers. Larger or remote corpora are not read here (no driver pass): the
-    workers' loop says the same if the stream runs dry before the first step."""
+    workers' loop says the same if the stream runs dry before the first step.
+    `fills_a_step=False` (a search whose batch size is searched): read, not counted."""
     data = config.data
     path = corpus_path(data)
     specs = [path] if isinstance(path, str) else list(path)
@@ -194,6 +195,8 @@ def check_small_corpus(config) -> None:
         specs, rules.columns, rules.group_column, data.hf_split, data.deduplicate,
         data.max_rows, data.max_chars,
     )  # fmt: skip
+    if not fills_a_step:
+        return
     train = config.train
     per_step = train.global_batch * train.gradient_accumulation_steps
     kept = len(rows[rules.fields[0]])

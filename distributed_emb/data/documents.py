@@ -25,9 +25,14 @@ import pyarrow.compute as pc
 import ray
 
 from distributed_emb.config import ConfigError, require_range
-from distributed_emb.data.corpus import KeepCleanRows, collect_report, start_drop_counter
+from distributed_emb.data.corpus import (
+    SMALL_CORPUS_BYTES,
+    KeepCleanRows,
+    collect_report,
+    start_drop_counter,
+)
 from distributed_emb.data.readers import DROP, DropReport, corpus_datasource, iter_parsed_blocks
-from distributed_emb.data.sources import resolve_sources
+from distributed_emb.data.sources import is_hub_name, is_remote, resolve_sources
 from distributed_emb.paths import shipped_corpus
 
 logger = logging.getLogger(__name__)
@@ -257,6 +262,17 @@ def read_documents(config: DocumentsConfig | None = None, log: bool = True) -> D
     if log:
         _log(report)
     return DocumentCorpus(dataset, report)
+
+
+def check_small_documents(config: DocumentsConfig) -> None:
+    """Before Ray starts: the sources are listed, and local ones small enough to parse in a
+    second or two are parsed, so a missing or unreadable file fails at once, named, instead of
+    inside a Ray Data task (no driver pass over a large or remote corpus)."""
+    files = resolve_sources(config.paths, config.hf_split)
+    if any(is_remote(path) or is_hub_name(path) for path in config.paths):
+        return
+    if files.total_bytes <= SMALL_CORPUS_BYTES:
+        read_documents_locally(config, log=False)
 
 
 def read_documents_locally(

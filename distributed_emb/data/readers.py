@@ -433,6 +433,21 @@ def read_file_blocks(
     block_rows: int = 10_000,
     skip_blocks: int = 0,
 ) -> Iterator[pa.Table]:
+    """Parsed blocks of one file (below); a file its reader cannot parse at all (a ".parquet"
+    that is not Parquet) is a CorpusError naming it, wherever it is read."""
+    try:
+        yield from _parsed_file_blocks(filesystem, file, rules, block_rows, skip_blocks)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise CorpusError(f"{file.path}: not a readable {file.format} file ({error})") from None
+
+
+def _parsed_file_blocks(
+    filesystem: pafs.FileSystem,
+    file: SourceFile,
+    rules: RowRules,
+    block_rows: int,
+    skip_blocks: int,
+) -> Iterator[pa.Table]:
     """Parsed blocks of one file: the kept columns of `rules` plus ROW_ID, DROP and WHERE.
 
     Block b is the file's lines or rows [b·block_rows, (b+1)·block_rows): the file alone

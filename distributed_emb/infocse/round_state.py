@@ -56,7 +56,7 @@ def rounds_settings(config) -> dict:
     training (its run identity: train/run_identity.py). Not the stopping rule (max_rounds,
     patience): a run may be continued with more rounds."""
     tree = to_dict(config)
-    flat = {f"training.{k}": v for k, v in identity(tree["training"]).items()}
+    flat = dict(identity(to_dict(config.training)))
     for section in ("documents", "annotation", "student", "heldout", "supervised"):
         flat.update(flatten(tree[section], f"{section}."))
     for key in ("overlap", "retrieval_threshold", "select_by"):

@@ -221,7 +221,15 @@ def test_data_scaling_bench_reports_every_worker_count_and_resume_point(tmp_path
     """bench/data_scaling.py --quick: one JSON line of the issue's shape; each row read once
     per epoch for every W, and a resume position of a few integers."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.data_scaling", "--quick", "--json", "--workdir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "bench.data_scaling",
+            "--quick",
+            "--json",
+            "--workdir",
+            str(tmp_path),
+        ],  # fmt: skip
         cwd=REPO,
         capture_output=True,
         text=True,

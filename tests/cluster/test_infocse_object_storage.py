@@ -1,6 +1,6 @@
 """InfoCSE rounds on a cluster in a box (tests/harness/autoscaling_cluster.py) with their state
 on an S3-protocol server on 127.0.0.1, as a user runs them: `ray job submit` of
-jobs/train_infocse.py with `training.output.storage_path=s3://...`.
+jobs/train_infocse.py with `output.storage_path=s3://...`.
 
 Shape as in cluster/aws.yaml: a head with no CPU (the driver, the Train controller), two fake
 worker nodes of 3 CPUs that run the annotation actors, the Ray Data tasks and the Train
@@ -69,14 +69,14 @@ def runs(tmp_path_factory, tiny_bert_path, shared_data_dir, s3):
         "rounds.stsb_test=false",
         "annotation.concurrency=2",
         "annotation.num_cpus_per_actor=1",
-        f"training.model.path={tiny_bert_path}",
-        "training.train.num_workers=2",
-        "training.train.cpus_per_worker=1",
-        "training.train.batch_size=8",
-        "training.train.max_steps=2",
-        "training.train.learning_rate=1.0e-4",
-        "training.eval.eval_steps=2",
-        "training.eval.max_pairs=64",
+        f"model.path={tiny_bert_path}",
+        "train.num_workers=2",
+        "train.cpus_per_worker=1",
+        "train.batch_size=8",
+        "train.max_steps=2",
+        "train.learning_rate=1.0e-4",
+        "eval.eval_steps=2",
+        "eval.max_pairs=64",
         "rounds.max_rounds=2",
         "rounds.patience=2",
         "rounds.overlap=true",
@@ -85,8 +85,8 @@ def runs(tmp_path_factory, tiny_bert_path, shared_data_dir, s3):
         f"annotation.model={teacher}",
         "heldout.fraction=0.25",
         "heldout.seed=1",
-        f"training.output.storage_path={bucket}/runs",
-        "training.output.run_name=rounds",
+        f"output.storage_path={bucket}/runs",
+        "output.run_name=rounds",
     ]
     output = tmp / "out"
 

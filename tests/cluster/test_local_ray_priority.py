@@ -23,7 +23,8 @@ import ray
 from distributed_emb.runtime import start_ray
 from distributed_emb.config import TrainingConfig, load_config
 
-start_ray(load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"]).ray)
+settings = load_config(TrainingConfig, None, ["ray.num_cpus=1", "ray.object_store_memory_mb=100"])
+start_ray(settings.ray)
 
 @ray.remote
 def worker_settings():

@@ -35,7 +35,7 @@ def test_evaluate_job_with_ray_writes_table_and_json(tiny_bert_path, ray_local, 
             str(output),
             "encode.use_ray=true",
             "encode.num_cpus_per_actor=0.5",
-        ]
+        ],
     )
     assert code == 0
     printed = capsys.readouterr().out

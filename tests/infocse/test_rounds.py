@@ -29,15 +29,15 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
             "student.num_layers=null",
             "rounds.select_by=stsb_dev",
             "rounds.stsb_test=false",
-            f"training.model.path={tiny_bert_path}",
-            "training.train.batch_size=8",
-            "training.train.max_steps=2",
-            "training.train.learning_rate=1.0e-4",
-            "training.eval.eval_steps=2",
-            "training.eval.max_pairs=64",
+            f"model.path={tiny_bert_path}",
+            "train.batch_size=8",
+            "train.max_steps=2",
+            "train.learning_rate=1.0e-4",
+            "eval.eval_steps=2",
+            "eval.max_pairs=64",
             "rounds.max_rounds=2",
             "rounds.patience=2",
-            f"output_dir={tmp_path / 'out'}",
+            f"output.dir={tmp_path / 'out'}",
             *extra,
         ],
     )
@@ -46,8 +46,8 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
 def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_data_dir):
     with pytest.raises(ConfigError, match=r"rounds\.max_rounds"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.max_rounds=0"])
-    with pytest.raises(ConfigError, match=r"training\.loss\.temperature"):
-        _config(tmp_path, tiny_bert_path, shared_data_dir, ["training.loss.temperature=0"])
+    with pytest.raises(ConfigError, match=r"^loss\.temperature"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["loss.temperature=0"])
     with pytest.raises(ConfigError, match="documents.paths"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["documents.paths=[/no/such.jsonl]"])
 
@@ -171,7 +171,7 @@ def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
     from distributed_emb.infocse.overlap import Report
     from distributed_emb.infocse.rounds import _next_round_follows
 
-    config = _config(tmp_path, tiny_bert_path, shared_data_dir, ["training.eval.max_pairs=null"])
+    config = _config(tmp_path, tiny_bert_path, shared_data_dir, ["eval.max_pairs=null"])
     worse, better = Report(20, 80.0, None), Report(20, 86.0, None)
     # patience 2: after a first round without gain the next round runs whatever the score.
     assert _next_round_follows(config, 85.0, rounds_without_gain=0)(worse)
@@ -179,7 +179,7 @@ def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
     follows = _next_round_follows(config, 85.0, rounds_without_gain=1)
     assert follows(better) and not follows(worse)
     # An in-training dev on a subset of STS-B dev is not comparable: every report is mined.
-    subset = _config(tmp_path, tiny_bert_path, shared_data_dir)  # training.eval.max_pairs=64
+    subset = _config(tmp_path, tiny_bert_path, shared_data_dir)  # eval.max_pairs=64
     assert _next_round_follows(subset, 85.0, rounds_without_gain=1)(worse)
     with pytest.raises(ConfigError, match=r"rounds\.overlap"):
         _config(tmp_path, tiny_bert_path, shared_data_dir,

@@ -77,7 +77,9 @@ def test_hard_assignments_need_cluster_ids():
     data = _toy_data()
     data.cluster_ids = None
     with pytest.raises(ValueError, match="cluster ids are needed"):
-        train_head(4, data, HeadConfig(), MCR2LossConfig(), AssignmentConfig(), HeadTrainingConfig())
+        train_head(
+            4, data, HeadConfig(), MCR2LossConfig(), AssignmentConfig(), HeadTrainingConfig()
+        )
 
 
 def test_a_linear_head_starts_at_pca_unless_told_otherwise():

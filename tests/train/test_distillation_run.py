@@ -145,7 +145,7 @@ def test_the_comparisons_distill_arm_trains_the_student_on_the_teachers_vectors(
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("one sentence\nanother one\n")
     config = load_config(
-        InfoCSEConfig, "jobs/configs/infocse_default.yaml", [f"output_dir={tmp_path}"]
+        InfoCSEConfig, "jobs/configs/infocse_default.yaml", [f"output.dir={tmp_path}"]
     )
     row = compare._sentence_arm(
         config,

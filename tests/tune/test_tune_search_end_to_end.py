@@ -98,7 +98,7 @@ def search(tmp_path_factory, tiny_bert_path):
                 "data.tokenize_in=ray_data",  # the trials share one token cache
                 "ray.num_cpus=2",  # the core count of the machines CI runs on
                 "ray.object_store_memory_mb=512",
-            ]
+            ],
         )
     finally:
         killer.done.set()
