@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_emb.config import TrainLoopConfig
-from distributed_emb.losses.objective import ObjectiveWeights
+from distributed_emb.losses.objective import LossConfig
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.step import plain_step
 
@@ -117,7 +117,7 @@ def run_case(
     )
     train.deepspeed.zero_stage = 2
     engine = build_engine(encoder, train, total_steps=steps + warmup, device=device)
-    weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
+    weights = LossConfig(temperature=0.05, reconstruction_weight=0.1)
     vocab = encoder.backbone.config.vocab_size
     ids = torch.randint(1000, vocab, (batch, seq), device=device)
     batch_tensors = {

@@ -58,7 +58,7 @@ def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps:
     from transformers import AutoTokenizer
 
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.losses.objective import ObjectiveWeights
+    from distributed_emb.losses.objective import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.paths import default_model_path, shipped_corpus
     from distributed_emb.train.engine import DDPEngine
@@ -72,7 +72,7 @@ def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps:
     tokenizer = AutoTokenizer.from_pretrained(path)
     encoder = TrainableEncoder(path, pooler="mean", mlp_head=True).train()
     engine = DDPEngine(encoder, TRAIN, total_steps=steps, device=torch.device("cpu"))
-    weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
+    weights = LossConfig(temperature=0.05, reconstruction_weight=0.1)
     collate = ContrastiveCollator(tokenizer, MAX_SEQ_LENGTH)
     lines = [s for s in Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines() if s]
     batches = []

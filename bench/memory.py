@@ -31,7 +31,7 @@ def measure(model_path: str, batch: int, seq: int, threads: int, steps: int) -> 
     import transformers
 
     from distributed_emb.config import TrainLoopConfig
-    from distributed_emb.losses.objective import ObjectiveWeights
+    from distributed_emb.losses.objective import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.step import plain_step
@@ -42,7 +42,7 @@ def measure(model_path: str, batch: int, seq: int, threads: int, steps: int) -> 
     encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True)
     encoder.train()
     engine = build_engine(encoder, TrainLoopConfig(batch_size=batch), steps, torch.device("cpu"))
-    weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
+    weights = LossConfig(temperature=0.05, reconstruction_weight=0.1)
     built = rss_mb()
     vocab = encoder.backbone.config.vocab_size
     ids = torch.randint(1000, vocab, (batch, seq))

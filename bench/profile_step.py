@@ -29,7 +29,7 @@ def profile_step(
 
     from distributed_emb.config import TrainLoopConfig
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.losses.objective import ObjectiveWeights
+    from distributed_emb.losses.objective import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.step import forward_objective
@@ -42,7 +42,7 @@ def profile_step(
     encoder.train()
     train = TrainLoopConfig(batch_size=len(batches[0]))
     engine = build_engine(encoder, train, len(batches), torch.device("cpu"))
-    weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
+    weights = LossConfig(temperature=0.05, reconstruction_weight=0.1)
     collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), seq)
 
     def step(texts: list[str]) -> None:

@@ -49,7 +49,7 @@ def step_ab(
     from distributed_emb.config import TrainLoopConfig
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.data.global_batches import length_groups
-    from distributed_emb.losses.objective import ObjectiveWeights
+    from distributed_emb.losses.objective import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.optim import build_optimizer, build_scheduler
@@ -68,7 +68,7 @@ def step_ab(
     groups = length_groups(np.array([len(t) for t in pool]), size, order)
     grouped = [collate({"text": pool[rows]}) for rows in groups]
     inputs = {DEFAULT: plain, BEFORE: plain, GROUPED: grouped, BF16: plain, COMPILED: plain}
-    weights = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.1)
+    weights = LossConfig(temperature=0.05, reconstruction_weight=0.1)
 
     engines = {}
     for name in variants:

@@ -21,17 +21,19 @@ from typing import Any, TypeVar
 
 import yaml
 
+from distributed_emb.checks import (  # noqa: F401 - re-exported: every section's checks
+    MAX_SEED,
+    ConfigError,
+    require_range,
+    require_seed,
+)
+from distributed_emb.checks import require as _require
 from distributed_emb.data.sources import is_hub_name, is_remote
-from distributed_emb.errors import UserInputError
-from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
-from distributed_emb.mcr2.head import HEAD_INFO_FILE, read_head_info
+from distributed_emb.losses.mcr2 import MCR2LossConfig
+from distributed_emb.losses.objective import LossConfig
 from distributed_emb.paths import default_model_path
 
 T = TypeVar("T")
-
-
-class ConfigError(UserInputError):
-    """A configuration problem; the message names the offending key."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,58 +363,10 @@ def _looks_like_hub_name(text: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) is not None
 
 
-def _require(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"{key}: {message}")
-
-
-# Largest seed every consumer takes (numpy's legacy RandomState, Ray Data's local shuffle).
-MAX_SEED = 2**32 - 1
 # Ray refuses a smaller object store (ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES).
 MIN_OBJECT_STORE_MB = 75
 
 
-def require_range(
-    value: Any,
-    key: str,
-    low: float | None = None,
-    high: float | None = None,
-    *,
-    allow_none: bool = False,
-    low_open: bool = False,
-    high_open: bool = False,
-    why: str = "",
-) -> None:
-    """`value` within [low, high] (`low_open`/`high_open`: that bound excluded), finite; None
-    only with `allow_none`. The one range check of every config: its message names the key,
-    the allowed range and the value, e.g. `train.max_grad_norm: must be > 0 or null, got -1.0`.
-    """
-    if low is not None and high is not None:
-        wanted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    elif low is not None:
-        wanted = f"{'>' if low_open else '>='} {low}"
-    elif high is not None:
-        wanted = f"{'<' if high_open else '<='} {high}"
-    else:
-        wanted = "a finite number"
-    if allow_none:
-        wanted += " or null"
-    ok = value is not None or allow_none
-    if value is not None:
-        ok = (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and (low is None or (value > low if low_open else value >= low))
-            and (high is None or (value < high if high_open else value <= high))
-        )
-    if not ok:
-        shown = "null" if value is None else repr(value)
-        raise ConfigError(f"{key}: must be {wanted}, got {shown}" + (f" ({why})" if why else ""))
-
-
-def require_seed(value: int | None, key: str, allow_none: bool = False) -> None:
-    require_range(value, key, 0, MAX_SEED, allow_none=allow_none)
 
 
 def require_sources(paths: list[str], key: str) -> None:
@@ -562,34 +516,6 @@ class DataConfig:
     # > 1: sort each pool of this many global batches by length before cutting it (less
     # padding: data/global_batches.py, docs/BENCHMARKS.md); 0 or 1: batches as they come.
     length_group_batches: int = 0
-
-
-@dataclass
-class LossConfig:
-    temperature: float = 0.05
-    # λ of InforMin-CL's reconstruction term ‖z¹ − z²‖².
-    reconstruction_weight: float = 0.1
-    # "normalized_mse": L2-normalise z, element-mean squared error (the authors' released code).
-    # "squared_norm": raw z, mean over rows of the squared L2 distance (the paper's eq. 8).
-    reconstruction_form: typing.Literal["normalized_mse", "squared_norm"] = "normalized_mse"
-    mlm_weight: float = 0.0  # β
-    mlm_probability: float = 0.15
-    gather_negatives: bool = True  # negatives from every worker's batch (global batch)
-    # α, the weight of InfoNCE; 0 turns it off (plain distillation).
-    contrastive_weight: float = 1.0
-    # δ: mean squared error to a frozen teacher's vectors (losses/distillation.py), the plain
-    # way to shrink a model; the distilled vector is the exported one (no train-only MLP).
-    distill_weight: float = 0.0
-    # The teacher of δ: a model path or hub name sharing the student's tokenizer and width.
-    # Also the teacher of loss.mcr2's neighbourhood term (None there: model.path, the start).
-    distill_teacher: str | None = None
-    # γ, the weight of the MCR² objective (losses/mcr2.py) on each worker's batch: −R(Z) +
-    # R_c(Z, Π) with Π the batch's data.group_column, − λ·cos of the two dropout views,
-    # + μ·KL to the teacher's in-batch neighbours. 0 turns it off (InforMin-CL).
-    mcr2_weight: float = 0.0
-    mcr2: MCR2LossConfig = field(
-        default_factory=lambda: MCR2LossConfig(distill_weight=COMPRESSION_DISTILL_WEIGHT)
-    )
 
 
 @dataclass
@@ -815,36 +741,12 @@ class TrainingConfig:
             "nothing to train",
         )
         if m.compression_head is not None:
-            _require(
-                Path(m.compression_head).is_dir(),
-                "model.compression_head",
-                f"{m.compression_head} is not a directory (give a models/mcr2-<dim> directory "
-                "written by jobs/train_mcr2.py)",
-            )
+            # The head's directory and the pooler it read: the training job's checks
+            # (train/job.py check_compression_head), once files may be read.
             _require(
                 m.mlp_head == "none",
                 "model.mlp_head",
                 "must be none with model.compression_head: the head reads the pooled vector",
-            )
-            info_file = Path(m.compression_head) / HEAD_INFO_FILE
-            _require(
-                info_file.is_file(),
-                "model.compression_head",
-                f"{info_file} is missing (a models/mcr2-<dim> directory of jobs/train_mcr2.py "
-                "holds it)",
-            )
-            head_pooler = read_head_info(m.compression_head).get("pooler")
-            _require(
-                head_pooler == m.pooler,
-                "model.pooler",
-                (
-                    f"is {m.pooler}, but the head in {m.compression_head} read {head_pooler} "
-                    "pooling (encoder.pooler of jobs/train_mcr2.py): set "
-                    f"model.pooler={head_pooler}"
-                )
-                if head_pooler
-                else f"the head in {m.compression_head} read the encoder as saved "
-                "(encoder.pooler null in jobs/train_mcr2.py); retrain it with encoder.pooler set",
             )
         if lo.mcr2_weight > 0:
             validate_mcr2_loss(lo.mcr2, "loss.mcr2")

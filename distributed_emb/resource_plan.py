@@ -18,7 +18,7 @@ the largest fraction (at least MIN_WORKER_CPU) that leaves Ray Data its share: R
 schedules by these numbers, the worker's torch threads stay as configured. On an
 autoscaling cluster (the autoscaler publishes its node types) a plan that fits once nodes are
 added proceeds: Ray Train's request is what makes the autoscaler add them, and the stall
-watchdog (train/watchdog.py) fails the run if they never come.
+watchdog (watchdog.py) fails the run if they never come.
 """
 
 from __future__ import annotations

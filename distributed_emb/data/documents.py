@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from distributed_emb.config import ConfigError, require_range
+from distributed_emb.checks import ConfigError, require_range
 from distributed_emb.data.corpus import (
     SMALL_CORPUS_BYTES,
     KeepCleanRows,

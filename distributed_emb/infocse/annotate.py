@@ -36,7 +36,7 @@ from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.model.embedder import Embedder, default_cpus_per_actor
 from distributed_emb.resource_plan import Extra, check_pool_plan
 from distributed_emb.storage import has_files
-from distributed_emb.train.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
+from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 logger = logging.getLogger(__name__)
 

@@ -1,45 +1,48 @@
 """L = α·L_C + λ·L_R + β·L_MLM + δ·L_D + γ·L_MCR²: combines the terms with their weights;
 returns (loss, metrics). α = 1 and δ = γ = 0 by default (InforMin-CL); α = 0, δ > 0 is plain
 distillation from a teacher (losses/distillation.py); α = 0, γ > 0 fine-tunes an encoder and
-its compression head with the MCR² objective (losses/mcr2.py)."""
+its compression head with the MCR² objective (losses/mcr2.py). The weights are the `loss`
+settings of the training config (LossConfig, declared here, below the config that holds it)."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 
 import torch
 
 from distributed_emb.losses.distillation import distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
-from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
+from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2Loss, MCR2LossConfig
 from distributed_emb.losses.reconstruction import reconstruction_loss
 
 
 @dataclass
-class ObjectiveWeights:
+class LossConfig:
     temperature: float = 0.05
-    reconstruction_weight: float = 0.0
-    reconstruction_form: str = "normalized_mse"
-    mlm_weight: float = 0.0
-    gather_negatives: bool = True
+    # λ of InforMin-CL's reconstruction term ‖z¹ − z²‖².
+    reconstruction_weight: float = 0.1
+    # "normalized_mse": L2-normalise z, element-mean squared error (the authors' released code).
+    # "squared_norm": raw z, mean over rows of the squared L2 distance (the paper's eq. 8).
+    reconstruction_form: typing.Literal["normalized_mse", "squared_norm"] = "normalized_mse"
+    mlm_weight: float = 0.0  # β
+    mlm_probability: float = 0.15
+    gather_negatives: bool = True  # negatives from every worker's batch (global batch)
+    # α, the weight of InfoNCE; 0 turns it off (plain distillation).
     contrastive_weight: float = 1.0
+    # δ: mean squared error to a frozen teacher's vectors (losses/distillation.py), the plain
+    # way to shrink a model; the distilled vector is the exported one (no train-only MLP).
     distill_weight: float = 0.0
+    # The teacher of δ: a model path or hub name sharing the student's tokenizer and width.
+    # Also the teacher of loss.mcr2's neighbourhood term (None there: model.path, the start).
+    distill_teacher: str | None = None
+    # γ, the weight of the MCR² objective (losses/mcr2.py) on each worker's batch: −R(Z) +
+    # R_c(Z, Π) with Π the batch's data.group_column, − λ·cos of the two dropout views,
+    # + μ·KL to the teacher's in-batch neighbours. 0 turns it off (InforMin-CL).
     mcr2_weight: float = 0.0
-    mcr2: MCR2LossConfig = field(default_factory=MCR2LossConfig)
-
-    @classmethod
-    def from_config(cls, loss_config) -> ObjectiveWeights:
-        return cls(
-            temperature=loss_config.temperature,
-            reconstruction_weight=loss_config.reconstruction_weight,
-            reconstruction_form=loss_config.reconstruction_form,
-            mlm_weight=loss_config.mlm_weight,
-            gather_negatives=loss_config.gather_negatives,
-            contrastive_weight=loss_config.contrastive_weight,
-            distill_weight=loss_config.distill_weight,
-            mcr2_weight=loss_config.mcr2_weight,
-            mcr2=loss_config.mcr2,
-        )
+    mcr2: MCR2LossConfig = field(
+        default_factory=lambda: MCR2LossConfig(distill_weight=COMPRESSION_DISTILL_WEIGHT)
+    )
 
     @property
     def needs_teacher(self) -> bool:
@@ -50,7 +53,7 @@ class ObjectiveWeights:
 def embedding_objective(
     z1: torch.Tensor,
     z2: torch.Tensor,
-    weights: ObjectiveWeights,
+    weights: LossConfig,
     groups: torch.Tensor | None = None,
     teacher_vectors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -106,7 +109,7 @@ def mcr2_term(
 
 
 def add_mlm_term(
-    loss: torch.Tensor, metrics: dict, mlm: torch.Tensor | None, weights: ObjectiveWeights
+    loss: torch.Tensor, metrics: dict, mlm: torch.Tensor | None, weights: LossConfig
 ) -> torch.Tensor:
     if mlm is None or weights.mlm_weight == 0:
         return loss

@@ -22,7 +22,7 @@ Projection = Callable[[np.ndarray], np.ndarray]
 
 def fit_pca_model(train: np.ndarray, dim: int, seed: int = 0, whiten: bool = False) -> PCA:
     """scikit-learn PCA of `train` (n, D) to `dim` components (``mean_``, ``components_``):
-    the ``pca`` baselines, and the MCR² head's starting point (mcr2/head.py)."""
+    the ``pca`` baselines, and the MCR² head's starting point (model/compression_head.py)."""
     if dim > min(train.shape):
         raise ValueError(
             f"PCA to {dim} dims needs at least {dim} training vectors of ≥ {dim} dims; "

@@ -25,8 +25,8 @@ from distributed_emb.evaluation.transfer import TransferConfig
 from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
-from distributed_emb.mcr2.head import ACTIVATIONS
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
+from distributed_emb.model.compression_head import ACTIVATIONS
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
 # Opt-in: fine-tunes the encoder, then re-embeds every evaluation set (mcr2/matryoshka.py).

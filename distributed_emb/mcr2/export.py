@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distributed_emb.mcr2.head import CompressionHead, save_head
+from distributed_emb.model.compression_head import CompressionHead, save_head
 from distributed_emb.model.sentence_transformer import (
     _st_modules,
     dense_module,

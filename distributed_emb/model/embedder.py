@@ -26,7 +26,7 @@ import torch
 
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
 from distributed_emb.resource_plan import Extra, check_pool_plan
-from distributed_emb.train.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
+from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 INDEX_COLUMN = "__index"
 EMBEDDING_COLUMN = "embedding"

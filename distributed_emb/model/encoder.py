@@ -47,8 +47,8 @@ class TrainableEncoder(nn.Module):
         # SimCSE's MLP: fresh dense + tanh over the pooled vector.
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
         self.mlm_model = self._attach_mlm_head(trust_remote_code) if with_mlm_head else None
-        # An MCR² head (mcr2/head.py) trained on the frozen encoder's pooled vectors (the same
-        # pooler: config validation checks it), trained on from there.
+        # An MCR² head (model/compression_head.py) trained on the frozen encoder's pooled
+        # vectors (the same pooler: the training job checks it), trained on from there.
         self.compression_head = compression_head
         self.pad_to_multiple_of: int | None = None  # set by compile_backbone
 

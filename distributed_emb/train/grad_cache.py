@@ -67,7 +67,7 @@ import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from distributed_emb.losses.mlm import mlm_loss
-from distributed_emb.losses.objective import ObjectiveWeights, add_mlm_term, embedding_objective
+from distributed_emb.losses.objective import LossConfig, add_mlm_term, embedding_objective
 from distributed_emb.train.engine import Engine
 from distributed_emb.train.step import _full_precision
 
@@ -159,7 +159,7 @@ def forward_mini_batch(
 def cached_step(
     engine: Engine,
     batch: dict[str, torch.Tensor],
-    weights: ObjectiveWeights,
+    weights: LossConfig,
     mini_batch_size: int,
     sync: bool,
     replay_rng: bool = True,

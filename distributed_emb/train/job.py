@@ -3,8 +3,12 @@ cli.run_job): its checks before Ray starts, its resource plan, the run and its s
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from distributed_emb.checks import require
 from distributed_emb.config import TrainingConfig
 from distributed_emb.data.corpus import check_small_corpus
+from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.resource_plan import cluster_from_ray, training_plan
 from distributed_emb.storage import require_reachable
 from distributed_emb.train.run_identity import prepare_run
@@ -20,6 +24,7 @@ def check(config: TrainingConfig) -> None:
     (run_training checks again and, for --overwrite, deletes), and the corpus (listed; a small
     local one counted)."""
     check_storage(config)
+    check_compression_head(config)
     prepare_run(config, dry_run=True)
     check_small_corpus(config)
 
@@ -27,6 +32,38 @@ def check(config: TrainingConfig) -> None:
 def check_storage(config: TrainingConfig) -> None:
     require_reachable(config.output.storage_path, "output.storage_path")
     require_reachable(config.data.token_cache_dir, "data.token_cache_dir")
+
+
+def check_compression_head(config: TrainingConfig) -> None:
+    """model.compression_head: a head directory of jobs/train_mcr2.py whose encoder was read
+    with this run's model.pooler."""
+    m = config.model
+    if m.compression_head is None:
+        return
+    require(
+        Path(m.compression_head).is_dir(),
+        "model.compression_head",
+        f"{m.compression_head} is not a directory (give a models/mcr2-<dim> directory "
+        "written by jobs/train_mcr2.py)",
+    )
+    info_file = Path(m.compression_head) / HEAD_INFO_FILE
+    require(
+        info_file.is_file(),
+        "model.compression_head",
+        f"{info_file} is missing (a models/mcr2-<dim> directory of jobs/train_mcr2.py holds it)",
+    )
+    head_pooler = read_head_info(m.compression_head).get("pooler")
+    require(
+        head_pooler == m.pooler,
+        "model.pooler",
+        (
+            f"is {m.pooler}, but the head in {m.compression_head} read {head_pooler} pooling "
+            f"(model.pooler of jobs/train_mcr2.py): set model.pooler={head_pooler}"
+        )
+        if head_pooler
+        else f"the head in {m.compression_head} read the encoder as saved (model.pooler null "
+        "in jobs/train_mcr2.py); retrain it with model.pooler set",
+    )
 
 
 def plan(config: TrainingConfig) -> int:

@@ -30,8 +30,7 @@ from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
 from distributed_emb.data.global_batches import RankStream, batch_plan
 from distributed_emb.evaluation.sts import stsb_score
-from distributed_emb.losses.objective import ObjectiveWeights
-from distributed_emb.mcr2.head import load_head
+from distributed_emb.model.compression_head import load_head
 from distributed_emb.model.embedder import embed_module
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
@@ -125,7 +124,7 @@ class WorkerRun:
         self.engine = build_engine(
             self.encoder, self._decided_precision(), self.total_steps, self.device
         )
-        self.weights = ObjectiveWeights.from_config(config.loss)
+        self.weights = config.loss
         # Distillation's frozen teacher (loss.distill_weight, or MCR²'s μ): its vectors are
         # each batch's targets, computed before the step (train/teacher.py).
         self.teacher = Teacher(config, self.device) if self.weights.needs_teacher else None

@@ -11,11 +11,11 @@ import contextlib
 import torch
 
 from distributed_emb.losses.mlm import mlm_loss
-from distributed_emb.losses.objective import ObjectiveWeights, add_mlm_term, embedding_objective
+from distributed_emb.losses.objective import LossConfig, add_mlm_term, embedding_objective
 
 
 def forward_objective(
-    forward_module, batch: dict[str, torch.Tensor], weights: ObjectiveWeights
+    forward_module, batch: dict[str, torch.Tensor], weights: LossConfig
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss and metrics for one batch (rows [0, B) first view, [B, 2B) second view)."""
     use_mlm = weights.mlm_weight > 0 and "mlm_input_ids" in batch
@@ -36,7 +36,7 @@ def forward_objective(
     return loss, metrics
 
 
-def plain_step(engine, batch: dict[str, torch.Tensor], weights: ObjectiveWeights, sync: bool):
+def plain_step(engine, batch: dict[str, torch.Tensor], weights: LossConfig, sync: bool):
     """Forward + backward of one (micro-)batch; `sync=False` skips DDP's all-reduce
     (gradient accumulation: only the last micro-batch of a step synchronises)."""
     context = engine.no_sync() if not sync else contextlib.nullcontext()

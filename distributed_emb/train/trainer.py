@@ -35,7 +35,7 @@ from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per
 from distributed_emb.train.progress import resolve_progress_bar
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
 from distributed_emb.train.teacher import check_teacher
-from distributed_emb.train.watchdog import no_silent_stall
+from distributed_emb.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def run_training(
 
 
 def _fit_watched(trainer, config: TrainingConfig):
-    """trainer.fit() under the stall watchdog (train/watchdog.py); a Tune trial's fit runs in
+    """trainer.fit() under the stall watchdog (watchdog.py); a Tune trial's fit runs in
     a thread, unwatched (the search has its own plan check and watchdog)."""
     hint = (
         "fix: see the resource plan above (train.num_workers, train.cpus_per_worker, "

@@ -46,7 +46,6 @@ from distributed_emb.resource_plan import (
 )
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
 from distributed_emb.train.trainer import build_trainer, worker_resources
-from distributed_emb.train.watchdog import no_silent_stall
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_space import (
     Distribution,
@@ -55,6 +54,7 @@ from distributed_emb.tune.search_space import (
     param_space,
 )
 from distributed_emb.tune.settings import SearchJobConfig, asha_budget
+from distributed_emb.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from distributed_emb.resource_plan import (
     pool_plan,
     training_plan,
 )
-from distributed_emb.train.watchdog import StallError, StallWatchdog, Waiting
+from distributed_emb.watchdog import StallError, StallWatchdog, Waiting
 
 
 def _config(*overrides: str) -> TrainingConfig:
@@ -212,7 +212,7 @@ def test_a_probe_problem_is_reported_once_per_process_not_once_per_watchdog(capl
             polled.set()
             return [], problem
 
-        with caplog.at_level("WARNING", logger="distributed_emb.train.watchdog"):
+        with caplog.at_level("WARNING", logger="distributed_emb.watchdog"):
             with StallWatchdog(60.0, poll_s=0.01, probe=probe, interrupt=pytest.fail):
                 assert polled.wait(30)
     shown = [r for r in caplog.records if "state API did not answer" in r.getMessage()]
@@ -223,7 +223,7 @@ def test_a_stall_aborts_the_wait_even_after_an_earlier_fit_left_its_sigint_handl
     # Ray Tune and Ray Train install SIGINT handlers and leave them after fit(); Tune's only
     # sets a flag. Before no_silent_stall started its block with Python's own handler, such a
     # leftover swallowed the abort, and the stalled wait ran on to its own end.
-    from distributed_emb.train.watchdog import no_silent_stall
+    from distributed_emb.watchdog import no_silent_stall
 
     swallowed = []
 
@@ -376,7 +376,7 @@ def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypa
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from distributed_emb.train import watchdog
-    from distributed_emb.train.watchdog import no_silent_stall
+    from distributed_emb.watchdog import no_silent_stall
 
     # A wait that missed the interrupt fails this test, never the whole pytest process.
     monkeypatch.setattr(watchdog, "ABORT_GRACE_S", 3600.0)
@@ -435,7 +435,7 @@ def test_a_local_ray_without_the_dashboard_is_not_asked_and_no_warning_is_shown(
     ray.init(address="local", num_cpus=1, include_dashboard=False)
     try:
         assert not watchdog.state_api_served()
-        with caplog.at_level("INFO", logger="distributed_emb.train.watchdog"):
+        with caplog.at_level("INFO", logger="distributed_emb.watchdog"):
             with StallWatchdog(60.0, poll_s=0.05, interrupt=pytest.fail):
                 deadline = time.monotonic() + 30
                 while len(asked) < 2 and time.monotonic() < deadline:
@@ -443,6 +443,6 @@ def test_a_local_ray_without_the_dashboard_is_not_asked_and_no_warning_is_shown(
     finally:
         ray.shutdown()
     assert len(asked) >= 2 and not any(asked)
-    ours = [r for r in caplog.records if r.name.startswith("distributed_emb.train.watchdog")]
+    ours = [r for r in caplog.records if r.name.startswith("distributed_emb.watchdog")]
     assert [r.getMessage() for r in ours if r.levelname == "WARNING"] == []
     assert any("no dashboard" in r.getMessage() for r in ours)

@@ -3,7 +3,7 @@ import torch
 
 from distributed_emb.losses.distillation import distillation_loss, similarity_distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
-from distributed_emb.losses.objective import ObjectiveWeights, embedding_objective
+from distributed_emb.losses.objective import LossConfig, embedding_objective
 
 
 def test_distillation_is_the_mean_of_both_views_element_mse():
@@ -39,13 +39,13 @@ def test_objective_adds_the_weighted_term_and_can_drop_the_contrastive_one():
     nce = info_nce_loss(z1, z2, 0.05, True, None)
     mse = distillation_loss(z1, z2, targets)
 
-    both = ObjectiveWeights(reconstruction_weight=0.0, distill_weight=2.0)
+    both = LossConfig(reconstruction_weight=0.0, distill_weight=2.0)
     loss, metrics = embedding_objective(z1, z2, both, teacher_vectors=targets)
     assert float(loss) == pytest.approx(float(nce + 2.0 * mse), rel=1e-6)
     assert float(metrics["loss_distill"]) == pytest.approx(float(mse))
 
     # Plain distillation: no InfoNCE at all (no gather, no metric for it).
-    plain = ObjectiveWeights(contrastive_weight=0.0, distill_weight=1.0)
+    plain = LossConfig(contrastive_weight=0.0, reconstruction_weight=0.0, distill_weight=1.0)
     loss, metrics = embedding_objective(z1, z2, plain, teacher_vectors=targets)
     assert float(loss) == pytest.approx(float(mse), rel=1e-6)
     assert "loss_contrastive" not in metrics
@@ -60,7 +60,7 @@ def test_the_default_weights_give_exactly_the_infomin_objective():
 
     torch.manual_seed(1)
     z1, z2 = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
-    loss, _ = embedding_objective(z1, z2, ObjectiveWeights(reconstruction_weight=0.1))
+    loss, _ = embedding_objective(z1, z2, LossConfig(reconstruction_weight=0.1))
     expected = info_nce_loss(z1, z2, 0.05, True, None) + 0.1 * reconstruction_loss(
         z1, z2, "normalized_mse"
     )

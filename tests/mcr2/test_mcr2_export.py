@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from distributed_emb.mcr2.export import export_compressed_model
-from distributed_emb.mcr2.head import CompressionHead
+from distributed_emb.model.compression_head import CompressionHead
 
 SENTENCES = ["A man is playing a guitar.", "The cat sits on the mat.", "Stocks fell sharply."]
 HEADS = {"linear": ((), "gelu"), "mlp-gelu": ((24,), "gelu"), "mlp-tanh": ((20, 12), "tanh")}

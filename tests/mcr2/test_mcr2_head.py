@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from distributed_emb.mcr2.baselines import fit_baseline, fit_pca_model
-from distributed_emb.mcr2.head import CompressionHead
+from distributed_emb.model.compression_head import CompressionHead
 
 
 @pytest.mark.parametrize("hidden", [(), (16,), (16, 12)])

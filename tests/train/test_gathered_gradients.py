@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from distributed_emb.config import TrainLoopConfig
-from distributed_emb.losses.objective import ObjectiveWeights
+from distributed_emb.losses.objective import LossConfig
 
 ANCHORS = [
     "A man is playing a guitar.",
@@ -39,7 +39,7 @@ POSITIVES = [
     "Again the train came late.",
 ]
 GROUPS = ["d1", "d1", "d2", "d3", "d4", "d4", "d5", "d6"]
-WEIGHTS = ObjectiveWeights(
+WEIGHTS = LossConfig(
     temperature=0.05, reconstruction_weight=0.5, reconstruction_form="squared_norm"
 )
 

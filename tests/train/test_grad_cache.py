@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from distributed_emb.config import DeepSpeedConfig, TrainLoopConfig
-from distributed_emb.losses.objective import ObjectiveWeights
+from distributed_emb.losses.objective import LossConfig
 from distributed_emb.train.grad_cache import (
     RandContext,
     cached_step,
@@ -50,10 +50,10 @@ POSITIVES = [
     "Again the train came late.",
 ]
 GROUPS = ["d1", "d1", "d2", "d3", "d4", "d4", "d5", "d6"]
-WITH_MLM = ObjectiveWeights(
+WITH_MLM = LossConfig(
     temperature=0.05, reconstruction_weight=0.5, reconstruction_form="squared_norm", mlm_weight=0.3
 )
-NO_MLM = ObjectiveWeights(temperature=0.05, reconstruction_weight=0.5)
+NO_MLM = LossConfig(temperature=0.05, reconstruction_weight=0.5)
 TIGHT = {"rtol": 1e-9, "atol": 1e-12}
 
 
@@ -86,7 +86,7 @@ def make_batch(model_path: str, kind: str, rows: slice = slice(None), mlm: bool 
     return collate({k: np.array(v) for k, v in columns.items()})
 
 
-def make_engine(model_path: str, weights: ObjectiveWeights, train: bool):
+def make_engine(model_path: str, weights: LossConfig, train: bool):
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import DDPEngine
 

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
 from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig, coding_rate, compressed_coding_rate
-from distributed_emb.losses.objective import ObjectiveWeights, embedding_objective
+from distributed_emb.losses.objective import LossConfig, embedding_objective
 from distributed_emb.mcr2.export import export_compressed_model
-from distributed_emb.mcr2.head import CompressionHead, load_head
+from distributed_emb.model.compression_head import CompressionHead, load_head
 from distributed_emb.paths import shipped_corpus
 
 HEAD_DIM = 8
@@ -39,7 +39,7 @@ def head_export(tmp_path_factory, tiny_bert_path) -> str:
 def test_a_saved_head_loads_with_its_weights(tmp_path):
     torch.manual_seed(1)
     head = CompressionHead(16, 4, hidden_dims=[12], activation="tanh").eval()
-    from distributed_emb.mcr2.head import save_head
+    from distributed_emb.model.compression_head import save_head
 
     save_head(head, tmp_path, {"output_dim": 4, "hidden_dims": [12], "activation": "tanh"})
     loaded = load_head(tmp_path).eval()
@@ -81,7 +81,7 @@ def test_the_objective_adds_gamma_times_the_mcr2_loss_of_the_first_view():
     groups = torch.arange(b) // 4  # three documents of four rows
     teacher = torch.randn(2 * b, teacher_width, dtype=torch.float64)
     mcr2 = MCR2LossConfig(eps=0.5, pair_weight=0.7, compress_weight=0.9, distill_weight=3.0)
-    weights = ObjectiveWeights(
+    weights = LossConfig(
         contrastive_weight=0.0, reconstruction_weight=0.0, mcr2_weight=2.5, mcr2=mcr2
     )
     loss, metrics = embedding_objective(z1, z2, weights, groups, teacher)
@@ -140,8 +140,11 @@ def _config(tmp_path, encoder: str, head: str, *extra: str) -> TrainingConfig:
 def test_bad_fine_tuning_settings_name_the_key(
     overrides, key, says, tmp_path, tiny_bert_path, head_export
 ):
+    """Refused when the config loads, or (the head's files) by the job's checks before Ray."""
+    from distributed_emb.train.job import check_compression_head
+
     with pytest.raises(ConfigError, match=f"{key}.*{says}"):
-        _config(tmp_path, tiny_bert_path, head_export, *overrides)
+        check_compression_head(_config(tmp_path, tiny_bert_path, head_export, *overrides))
 
 
 def test_the_default_fine_tuning_config_reads_the_compression_jobs_outputs():

@@ -1,0 +1,61 @@
+"""The package's rooms: no module imports from a layer above its own (imports inside functions
+included). Read statically, nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "distributed_emb"
+
+# Lowest first; a module may import its own layer and the ones below it.
+LAYERS = [
+    {"errors", "checks", "paths", "atomic_files", "tables", "distributed", "storage"},
+    {"data", "losses"},  # what is read and what is optimised: no settings of their own kind
+    {"config"},  # the training settings (declared over data's and losses' sections)
+    {"tracking", "resource_plan", "watchdog", "runtime"},  # the run around the model
+    {"model", "evaluation"},
+    {"train"},
+    {"infocse", "mcr2", "tune"},  # the methods, over the training core
+    {"cli"},  # the one way into every job (jobs/ sits above it)
+]
+LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def room(module: str) -> str:
+    """distributed_emb.train.loop → train; distributed_emb.config → config."""
+    return module.split(".")[1]
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distributed_emb."):
+            found.add(node.module)
+            for alias in node.names:  # `from distributed_emb import cli`
+                found.add(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "distributed_emb":
+            found.update(f"distributed_emb.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("distributed_emb."))
+    return found
+
+
+def test_every_room_has_a_layer():
+    rooms = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()}
+    rooms = {r for r in rooms if not r.startswith(("_", ".")) and r != "resources"}
+    assert rooms <= set(LAYER), f"give these a layer in LAYERS: {sorted(rooms - set(LAYER))}"
+
+
+def test_no_import_runs_up_the_layers():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if module.endswith("__init__") or len(module.split(".")) < 2:
+            continue
+        own = LAYER[room(module)]
+        for target in sorted(imports(path)):
+            target_room = room(target)
+            if target_room in LAYER and LAYER[target_room] > own:
+                upward.append(f"{module} imports {target}")
+    assert not upward, "\n".join(upward)
