@@ -201,7 +201,7 @@ def test_watchdog_leaves_a_run_whose_waits_come_and_go_alone():
 def test_a_probe_problem_is_reported_once_per_process_not_once_per_watchdog(caplog, monkeypatch):
     # Evaluation starts one watchdog per task; a local Ray without the dashboard answers each
     # the same way. One line says so, not one per task.
-    from distributed_emb.train import watchdog
+    from distributed_emb import watchdog
 
     monkeypatch.setattr(watchdog.PROBE_REPEATS, "counts", {})  # as in a fresh process
     problem = "Ray's state API did not answer (ServerUnavailable: no dashboard)"
@@ -375,7 +375,7 @@ def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypa
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from distributed_emb.train import watchdog
+    from distributed_emb import watchdog
     from distributed_emb.watchdog import no_silent_stall
 
     # A wait that missed the interrupt fails this test, never the whole pytest process.
@@ -421,7 +421,7 @@ def test_a_local_ray_without_the_dashboard_is_not_asked_and_no_warning_is_shown(
     # so at INFO, instead of warning about a failed connection in every run.
     import ray
 
-    from distributed_emb.train import watchdog
+    from distributed_emb import watchdog
 
     asked = []
     original = watchdog.pending_work

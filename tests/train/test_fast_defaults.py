@@ -45,8 +45,9 @@ def test_layouts_that_auto_does_not_touch():
 
 
 def test_the_default_job_config_and_its_overrides():
-    from jobs.train_informin import DEFAULT_CONFIG
+    from harness.jobs import job_module
 
+    DEFAULT_CONFIG = job_module("train_informin").JOB.default_config
     default = load_config(TrainingConfig, str(DEFAULT_CONFIG))
     assert (default.train.layout, default.train.precision) == ("as_set", "auto")
     assert default.data.length_group_batches == 16  # quality held at equal steps
