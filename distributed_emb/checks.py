@@ -64,4 +64,3 @@ def require_range(
 
 def require_seed(value: int | None, key: str, allow_none: bool = False) -> None:
     require_range(value, key, 0, MAX_SEED, allow_none=allow_none)
-

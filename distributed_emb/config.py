@@ -367,8 +367,6 @@ def _looks_like_hub_name(text: str) -> bool:
 MIN_OBJECT_STORE_MB = 75
 
 
-
-
 def require_sources(paths: list[str], key: str) -> None:
     """Each data source exists here, unless data/sources.py reads it from elsewhere.
 

@@ -28,7 +28,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from distributed_emb.tracking import RepeatFilter
+from distributed_emb.console import RepeatFilter
 
 log = logging.getLogger(__name__)
 # An evaluation starts an encoding pool per task, each with the same plan: its table is shown

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distributed_emb.tracking import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
+from distributed_emb.console import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
 
 if TYPE_CHECKING:
     from distributed_emb.config import RayConfig
 
 log = logging.getLogger("distributed_emb")
 
-WORKER_SETUP_HOOK = "distributed_emb.tracking.quiet_worker_setup"
+WORKER_SETUP_HOOK = "distributed_emb.console.quiet_worker_setup"
 
 
 # Set in this process and passed to every Ray worker (start_ray) unless the user set them:

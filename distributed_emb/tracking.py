@@ -1,4 +1,4 @@
-"""Watching a run: where the numbers go (metrics sinks), a quiet console, and plots.
+"""Where a run's numbers go: the metrics sinks (plots: plots.py; the console: console.py).
 
 Sinks, all written by rank 0 of the Ray Train worker group (`logging` section of the config):
 
@@ -10,9 +10,6 @@ Sinks, all written by rank 0 of the Ray Train worker group (`logging` section of
 
 An optional sink that cannot start (package missing, no API key, server unreachable) or that
 fails later says so in one line and is dropped: tracking never stops training.
-
-The console: Ray Data's progress bars are turned off (our own bar and step lines say the same),
-and a warning that Ray repeats every few seconds is said once and then counted.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,69 +27,8 @@ from distributed_emb.config import to_dict
 
 log = logging.getLogger(__name__)
 
-# runtime.setup_logging's format; rank 0's run.log lines use it too, so the file reads as one.
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 TRAIN_LOG = "train_log.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-PLOT_FILE = "learning_curves.png"
-
-# Ray Train's detached placement-group cleaner polls the State API every few seconds and warns
-# on each failed poll ("Failed to query Ray Train Controller actor state") when the local Ray
-# runs without a dashboard: the same line for the whole run.
-REPEATING_RAY_LOGGERS = ("ray.train.v2._internal.execution.controller.placement_group_cleaner",)
-
-
-# ---------------------------------------------------------------------------------------------
-# Quiet console
-# ---------------------------------------------------------------------------------------------
-
-
-class RepeatFilter(logging.Filter):
-    """Lets a message through the first time, then counts its repeats and lets one through,
-    marked with the count, at the 10th, 100th, 1000th... (a stuck condition stays visible
-    without filling the console). Messages are told apart by logger, level and text."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[tuple[str, int, str], int] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, record.levelno, record.getMessage())
-        seen = self.counts.get(key, 0) + 1
-        self.counts[key] = seen
-        if seen == 1:
-            return True
-        if seen >= 10 and math.log10(seen).is_integer():
-            record.msg = f"{key[2]} [said {seen} times so far; repeats are counted, not shown]"
-            record.args = None
-            return True
-        return False
-
-
-def dedupe_repeated_ray_warnings(loggers: Iterable[str] = REPEATING_RAY_LOGGERS) -> None:
-    """Install one RepeatFilter on each of these loggers (idempotent)."""
-    for name in loggers:
-        target = logging.getLogger(name)
-        if not any(isinstance(f, RepeatFilter) for f in target.filters):
-            target.addFilter(RepeatFilter())
-
-
-def quiet_ray_data() -> None:
-    """No Ray Data progress bars in this process (and in the Ray Data executors of datasets
-    built after this call: the context travels with the dataset)."""
-    from ray.data import DataContext  # startup
-
-    context = DataContext.get_current()
-    context.enable_progress_bars = False
-    context.enable_operator_progress_bars = False
-
-
-def quiet_worker_setup() -> None:
-    """Ray's `worker_process_setup_hook` (see runtime.start_ray): runs in every worker process of
-    the job, including Ray Train's detached placement-group cleaner, where the repeated
-    warning is logged."""
-    dedupe_repeated_ray_warnings()
-    quiet_ray_data()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +168,7 @@ class MetricsSinks:
 
     def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
         # Numbers only (a flag such as "final" is not a curve); `step` is the row's own.
-        numbers = {k: v for k, v in metrics.items() if _is_number(v) and k != "step"}
+        numbers = {k: v for k, v in metrics.items() if is_number(v) and k != "step"}
         for sink in list(self.sinks):
             try:
                 sink.log(step, numbers, kind)
@@ -275,7 +209,7 @@ def _one_line(error: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return math.isfinite(value)
@@ -312,142 +246,3 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
         if isinstance(row, dict) and "step" in row:
             rows[(row.get("kind", "train"), row["step"])] = row
     return sorted(rows.values(), key=lambda row: (row["step"], row.get("kind", "")))
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots
-# ---------------------------------------------------------------------------------------------
-
-
-def _pyplot():
-    """matplotlib.pyplot on the Agg backend (no display on a cluster node); ImportError with
-    the install command when matplotlib is missing."""
-    try:
-        import matplotlib  # optional
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # optional
-    except ImportError as error:
-        raise ImportError(
-            "plots need matplotlib: pip install matplotlib (or pip install -e '.[tune]')"
-        ) from error
-    return plt
-
-
-def plot_learning_curves(
-    history: list[dict], path: str | os.PathLike, train_rows: list[dict] | None = None
-) -> str:
-    """A PNG with the run's curves: losses and learning rate (from `train_rows`, the logged
-    steps, else the evaluation windows' means in `history`), STS-B dev Spearman and throughput
-    (sentences/s) at each evaluation. Returns the path."""
-    plt = _pyplot()
-    train = [row for row in (train_rows or []) if row.get("kind", "train") == "train"]
-    source = train or [row for row in history if row.get("step", 0) > 0]
-    loss_keys = sorted({k for row in source for k in row if k.startswith("loss")})
-    figure, axes = plt.subplots(2, 2, figsize=(11, 7))
-    (loss_ax, lr_ax), (dev_ax, speed_ax) = axes
-
-    for key in loss_keys:
-        points = [(r["step"], r[key]) for r in source if _is_number(r.get(key))]
-        if points:
-            label = key.removeprefix("loss_") if key != "loss" else key
-            loss_ax.plot(*zip(*points), label=label, marker=_marker(points))
-    loss_ax.set(title="training loss", xlabel="step")
-    if loss_keys:
-        positive = all(r[k] > 0 for r in source for k in loss_keys if _is_number(r.get(k)))
-        loss_ax.set_yscale("log" if positive else "symlog")  # terms differ by orders
-        loss_ax.legend(fontsize=8)
-
-    _line(lr_ax, source, "lr", "learning rate")
-    _line(dev_ax, history, "stsb_dev_spearman", "STS-B dev Spearman")
-    _line(speed_ax, [r for r in history if r.get("step", 0) > 0], "sentences_per_s",
-          "throughput (sentences/s, per evaluation window)")  # fmt: skip
-    return _save(figure, path, plt)
-
-
-def _save(figure, path, plt) -> str:
-    """Lay out, write the PNG (creating its directory) and free the figure."""
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
-
-
-def _marker(points: list) -> str | None:
-    return "o" if len(points) <= 30 else None  # a short run's few points stay visible
-
-
-def _line(axis, rows: list[dict], key: str, title: str) -> None:
-    points = [(r["step"], r[key]) for r in rows if _is_number(r.get(key))]
-    if points:
-        axis.plot(*zip(*points), marker=_marker(points))
-    else:
-        axis.text(0.5, 0.5, "no data", ha="center", va="center", transform=axis.transAxes)
-    axis.set(title=title, xlabel="step")
-
-
-def write_run_plots(
-    output_dir: str | os.PathLike, history: list[dict], train_log_path: str | os.PathLike | None
-) -> str | None:
-    """`<output_dir>/learning_curves.png` for a finished run (next to metrics.json); None, with
-    one line saying why, when matplotlib is missing: a plot never fails a finished run."""
-    rows = read_train_log(train_log_path) if train_log_path else []
-    try:
-        return plot_learning_curves(history, Path(output_dir) / PLOT_FILE, rows)
-    except ImportError as error:
-        log.warning("no %s: %s", PLOT_FILE, error)
-        return None
-
-
-@dataclass
-class Panel:
-    """One chart of a figure: named series of (x, y) points, and horizontal reference lines
-    (a value that has no x, e.g. the uncompressed encoder beside compressed sizes)."""
-
-    title: str
-    xlabel: str
-    series: dict[str, list[tuple[float, float]]]
-    references: dict[str, float] = field(default_factory=dict)
-    xticks: list[float] | None = None  # e.g. the output sizes, so each size is labelled
-    xscale: str = "linear"
-
-
-def plot_panels(panels: list[Panel], path: str | os.PathLike, title: str | None = None) -> str:
-    """A PNG with one chart per panel, two a row. Returns the path."""
-    plt = _pyplot()
-    columns = 1 if len(panels) == 1 else 2
-    rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.6 * rows), squeeze=False)
-    for axis, panel in zip(axes.flat, panels):
-        for label, points in panel.series.items():
-            points = [(x, y) for x, y in points if _is_number(y)]
-            if points:
-                axis.plot(*zip(*points), label=label, marker=_marker(points))
-        for label, value in panel.references.items():
-            axis.axhline(value, linestyle="--", color="grey", label=label)
-        if not any(panel.series.values()) and not panel.references:
-            axis.text(0.5, 0.5, "no data", ha="center", va="center", transform=axis.transAxes)
-        axis.set_xscale(panel.xscale)
-        if panel.xticks:
-            axis.set_xticks(panel.xticks, [f"{x:g}" for x in panel.xticks])
-            axis.minorticks_off()
-        axis.set(title=panel.title, xlabel=panel.xlabel)
-        if len(panel.series) + len(panel.references) > 1:
-            axis.legend(fontsize=8)
-    for axis in list(axes.flat)[len(panels) :]:
-        axis.set_visible(False)
-    if title:
-        figure.suptitle(title)
-    return _save(figure, path, plt)
-
-
-def write_panels(panels: list[Panel], path: str | os.PathLike, title: str | None = None):
-    """`plot_panels` for a finished run: None, with one line saying why, when matplotlib is
-    missing (a plot never fails a run that has its results)."""
-    try:
-        return plot_panels(panels, path, title)
-    except ImportError as error:
-        log.warning("no %s: %s", Path(path).name, error)
-        return None

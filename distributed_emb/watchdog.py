@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.state import list_actors, list_tasks
 
-from distributed_emb.tracking import RepeatFilter
+from distributed_emb.console import RepeatFilter
 
 log = logging.getLogger(__name__)
 # What the probe cannot ask is the same for every watchdog of a process (a local Ray without

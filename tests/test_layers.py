@@ -10,10 +10,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "distributed_emb"
 
 # Lowest first; a module may import its own layer and the ones below it.
 LAYERS = [
-    {"errors", "checks", "paths", "atomic_files", "tables", "distributed", "storage"},
+    {"errors", "checks", "paths", "atomic_files", "tables", "distributed", "storage", "console"},
     {"data", "losses"},  # what is read and what is optimised: no settings of their own kind
     {"config"},  # the training settings (declared over data's and losses' sections)
-    {"tracking", "resource_plan", "watchdog", "runtime"},  # the run around the model
+    {"tracking", "plots", "resource_plan", "watchdog", "runtime"},  # the run around the model
     {"model", "evaluation"},
     {"train"},
     {"infocse", "mcr2", "tune"},  # the methods, over the training core

@@ -6,18 +6,15 @@ import sys
 
 import pytest
 
-from distributed_emb import tracking
+from distributed_emb import console, tracking
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
-from distributed_emb.tracking import (
-    PLOT_FILE,
+from distributed_emb.console import (
     REPEATING_RAY_LOGGERS,
-    MetricsSinks,
     RepeatFilter,
     dedupe_repeated_ray_warnings,
-    plot_learning_curves,
-    read_train_log,
-    write_run_plots,
 )
+from distributed_emb.plots import PLOT_FILE, plot_learning_curves, write_run_plots
+from distributed_emb.tracking import MetricsSinks, read_train_log
 
 CLEANER_WARNING = (
     "Failed to query Ray Train Controller actor state. "
@@ -92,7 +89,7 @@ def test_worker_setup_turns_ray_data_progress_bars_off():
     context = DataContext.get_current()
     before = (context.enable_progress_bars, context.enable_operator_progress_bars)
     try:
-        tracking.quiet_worker_setup()
+        console.quiet_worker_setup()
         assert not context.enable_progress_bars
         assert not context.enable_operator_progress_bars
     finally:
@@ -112,7 +109,7 @@ def test_start_ray_sets_the_worker_setup_hook(monkeypatch):
     runtime.start_ray(load_config(TrainingConfig, None, []).ray)
     hook = captured["runtime_env"]["worker_process_setup_hook"]
     module, _, function = hook.rpartition(".")
-    assert getattr(sys.modules[module], function) is tracking.quiet_worker_setup
+    assert getattr(sys.modules[module], function) is console.quiet_worker_setup
     # The joined cluster's address reaches every worker: Ray Train's placement-group cleaner
     # would otherwise ask whichever Ray instance the machine started last.
     assert captured["address"] == "127.0.0.1:1"

@@ -68,7 +68,8 @@ from distributed_emb.model.sentence_transformer import (
     load_sentence_transformer,
 )
 from distributed_emb.paths import shipped_senteval_dir
-from distributed_emb.tracking import MetricsSinks, Panel, write_panels
+from distributed_emb.plots import Panel, write_panels
+from distributed_emb.tracking import MetricsSinks
 from distributed_emb.train.trainer import export_checkpoint, run_training
 
 log = logging.getLogger(__name__)

@@ -63,7 +63,8 @@ from distributed_emb.mcr2.matryoshka import train_matryoshka, truncate
 from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, results_table, summarise
 from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, dev_scores, train_head
 from distributed_emb.paths import shipped_senteval_dir
-from distributed_emb.tracking import MetricsSinks, write_panels
+from distributed_emb.plots import write_panels
+from distributed_emb.tracking import MetricsSinks
 
 log = logging.getLogger(__name__)
 

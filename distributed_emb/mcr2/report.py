@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from distributed_emb.evaluation.report import headline
+from distributed_emb.plots import Panel
 from distributed_emb.tables import markdown_table
-from distributed_emb.tracking import Panel
 
 COLUMNS = (
     ("dev_avg", "dev avg"),

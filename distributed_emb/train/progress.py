@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 from ray.experimental.tqdm_ray import tqdm
 
-from distributed_emb.tracking import LOG_FORMAT, MetricsSinks
+from distributed_emb.console import LOG_FORMAT
+from distributed_emb.tracking import MetricsSinks
 
 log = logging.getLogger("distributed_emb.train")
 

@@ -26,9 +26,9 @@ from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.export import export_sentence_transformer
 from distributed_emb.model.model_card import card_info, export_max_seq_length, finalize_export
 from distributed_emb.model.sentence_transformer import ends_with_normalize
+from distributed_emb.plots import write_run_plots
 from distributed_emb.resource_plan import check_training_plan
 from distributed_emb.storage import copy_to_storage, run_uri
-from distributed_emb.tracking import write_run_plots
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker

@@ -192,7 +192,8 @@ def test_encoding_bench_times_every_arm_and_checks_their_vectors(tiny_bert_path)
     done = subprocess.run(
         [
             sys.executable,
-            "bench/encoding.py",
+            "-m",
+            "bench.encoding",
             "--rounds",
             "1",
             "--sentences",

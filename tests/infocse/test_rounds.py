@@ -10,7 +10,8 @@ from distributed_emb.config import ConfigError, load_config
 from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.rounds import RoundRecord, _print_row, _save
-from distributed_emb.tracking import MetricsSinks, read_train_log, write_panels
+from distributed_emb.plots import write_panels
+from distributed_emb.tracking import MetricsSinks, read_train_log
 
 
 def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):

@@ -14,7 +14,7 @@ from distributed_emb.evaluation.senteval_data import STS_YEAR_SUBSETS
 from distributed_emb.mcr2.config import MCR2Config
 from distributed_emb.mcr2.pipeline import torch_threads
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
-from distributed_emb.tracking import write_panels
+from distributed_emb.plots import write_panels
 
 REPO = Path(__file__).resolve().parents[2]
 
