@@ -18,18 +18,12 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Job, run_job
-from distributed_emb.config import TrainingConfig
 from distributed_emb.train import job
 
 JOB = Job(
     description=__doc__.splitlines()[0],
-    config_class=TrainingConfig,
     default_config=Path(__file__).parent / "configs" / "mcr2_finetune.yaml",
-    prepare=job.prepare,
-    check=job.check,
-    plan=job.plan,
-    run=job.run,
-    earlier_run_flags=True,
+    **job.TRAINING_STEPS,
 )
 
 

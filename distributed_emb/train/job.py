@@ -101,3 +101,15 @@ def summarise_run(metrics: dict) -> str:
             f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
         ]
     )
+
+
+# What a training job declares besides its description and default YAML (jobs/train_informin.py
+# and jobs/finetune_mcr2.py: `Job(..., **TRAINING_STEPS)`).
+TRAINING_STEPS = {
+    "config_class": TrainingConfig,
+    "prepare": prepare,
+    "check": check,
+    "plan": plan,
+    "run": run,
+    "earlier_run_flags": True,
+}
