@@ -364,3 +364,27 @@ def test_relative_model_directories_become_absolute_for_the_workers(tmp_path, mo
     assert config.model.compression_head == str(tmp_path / "models" / "mcr2-64")
     assert config.loss.distill_teacher == "org/teacher"
     assert config.output.dir == str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("job", ["training", "mcr2", "infocse", "tune"])
+def test_every_job_names_a_concept_with_the_same_key(job, tmp_path):
+    """The one vocabulary: the model a job starts from and its optimizer's rate have one key in
+    every configurable job, each refused by that name; the output directory is one key too."""
+    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.mcr2.config import MCR2Config
+    from distributed_emb.tune.settings import SearchJobConfig
+
+    cls = {"training": TrainingConfig, "mcr2": MCR2Config, "infocse": InfoCSEConfig,
+           "tune": SearchJobConfig}[job]  # fmt: skip
+    base = ["train.max_steps=10"] if job == "tune" else []  # ASHA's budget
+    not_a_model = tmp_path / "corpus.txt"
+    not_a_model.write_text("a sentence\n")
+    with pytest.raises(ConfigError, match=r"^model\.path: .*is a file, not a model directory"):
+        load_config(cls, None, [*base, f"model.path={not_a_model}"])
+    with pytest.raises(ConfigError, match=r"^train\.learning_rate: must be > 0"):
+        load_config(cls, None, [*base, "train.learning_rate=0"])
+    for key in ("output.dir", "train.seed", "train.batch_size", "eval.senteval_dir", "ray.address"):
+        config = load_config(cls, None, base)
+        node = config
+        for part in key.split("."):
+            node = getattr(node, part)  # the key exists in this job's config
