@@ -120,11 +120,17 @@ def test_an_input_file_read_on_the_cluster_is_reported_the_same_way(s3, tmp_path
         Bucket="boundary-documents", Key="documents.parquet", Body=b"plain text\n" * 10
     )
     fake = f"{bucket}/documents.parquet"
-    code = run(
-        "train_infocse",
-        [f"documents.paths=[{fake}]", "ray.num_cpus=2", "ray.object_store_memory_mb=256",
-         "--output", str(tmp_path / "out")],
-    )  # fmt: skip
+    import ray
+
+    assert not ray.is_initialized(), "the job starts its own local Ray"
+    try:
+        code = run(
+            "train_infocse",
+            [f"documents.paths=[{fake}]", "ray.num_cpus=2", "ray.object_store_memory_mb=256",
+             "--output", str(tmp_path / "out")],
+        )  # fmt: skip
+    finally:
+        ray.shutdown()  # the job's process would have exited; later modules start their own
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
     last = [line for line in err.splitlines() if line.strip()][-1]
