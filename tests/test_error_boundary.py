@@ -80,6 +80,14 @@ def test_a_model_directory_with_a_broken_config(job, tmp_path, capsys):
     assert f"{model / 'config.json'} is not valid JSON" in line
 
 
+@pytest.mark.parametrize("job", [j for j in DIRECTORY_JOBS if j != "train_mcr2"])
+def test_a_length_the_model_cannot_take(job, tmp_path, capsys):
+    """Past its position embeddings a model fails inside a Train worker, minutes in: refused
+    before Ray, with the model's own limit (the packaged MiniLM takes 512 tokens)."""
+    line = refused(job, ["model.max_seq_length=4096", "--output", str(tmp_path / "out")], capsys)
+    assert "model.max_seq_length: must be <= 512" in line and "got 4096" in line
+
+
 @pytest.mark.parametrize("job", [*DIRECTORY_JOBS])
 def test_a_bucket_that_does_not_exist(job, s3, tmp_path, capsys):
     if job == "train_mcr2":  # reads sentences from storage; writes only --output

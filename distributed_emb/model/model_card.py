@@ -22,6 +22,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -93,6 +94,15 @@ def export_max_seq_length(
     if positions is not None:
         limits = [min(limit, positions) for limit in limits] or [positions]
     return limits[0] if limits else None
+
+
+def position_limit(model_dir: str) -> int | None:
+    """The longest input `model_dir`'s position embeddings take, from its config.json alone
+    (no model loaded); None when it does not say."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.is_file():
+        return None
+    return _position_limit(SimpleNamespace(**json.loads(config_file.read_text())))
 
 
 def _position_limit(model_config) -> int | None:

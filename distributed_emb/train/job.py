@@ -9,6 +9,8 @@ from distributed_emb.checks import require
 from distributed_emb.config import TrainingConfig
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
+from distributed_emb.model.model_card import position_limit
+from distributed_emb.paths import default_model_path
 from distributed_emb.resource_plan import cluster_from_ray, training_plan
 from distributed_emb.storage import require_reachable
 from distributed_emb.train.run_identity import prepare_run
@@ -24,6 +26,7 @@ def check(config: TrainingConfig) -> None:
     (run_training checks again and, for --overwrite, deletes), and the corpus (listed; a small
     local one counted)."""
     check_storage(config)
+    check_model_lengths(config)
     check_compression_head(config)
     prepare_run(config, dry_run=True)
     check_small_corpus(config)
@@ -32,6 +35,27 @@ def check(config: TrainingConfig) -> None:
 def check_storage(config: TrainingConfig) -> None:
     require_reachable(config.output.storage_path, "output.storage_path")
     require_reachable(config.data.token_cache_dir, "data.token_cache_dir")
+
+
+def check_model_lengths(config: TrainingConfig) -> None:
+    """model.max_seq_length and export.max_seq_length within what the model's position
+    embeddings take (its config.json): past them a Train worker fails on an index, minutes in.
+    A hub name or a model on object storage is checked where it is loaded."""
+    path = config.model.path or default_model_path()
+    if "://" in path or not Path(path).is_dir():
+        return
+    limit = position_limit(path)
+    if limit is None:
+        return
+    for key, value in (
+        ("model.max_seq_length", config.model.max_seq_length),
+        ("export.max_seq_length", config.export.max_seq_length),
+    ):
+        require(
+            value is None or value <= limit,
+            key,
+            f"must be <= {limit} (the position embeddings of {path}), got {value}",
+        )
 
 
 def check_compression_head(config: TrainingConfig) -> None:
