@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from distributed_emb.config import ConfigError, load_config, to_dict
+from distributed_emb.config import ConfigError, load_config, lookup, to_dict
 from distributed_emb.errors import UserInputError
 from distributed_emb.runtime import LOG_FORMAT, setup_logging, start_ray
 
@@ -338,7 +338,7 @@ def config_keys_help(cls: type, file_tree: dict | None = None, file_name: str = 
     job's default YAML (`file_tree`) sets a key, that is the default shown."""
     lines = ["configuration keys (set with key=value; default, then meaning):"]
     for key, default, meaning in config_keys(cls):
-        found, value = _lookup(file_tree or {}, key)
+        found, value = lookup(file_tree or {}, key)
         shown = _yaml_scalar(value if found else default)
         if found and value != default:
             source = file_name or "the default config"
@@ -433,15 +433,6 @@ def _default_tree(path: Path | str | None) -> dict:
     except yaml.YAMLError:
         return {}
     return tree if isinstance(tree, dict) else {}
-
-
-def _lookup(tree: dict, dotted: str) -> tuple[bool, object]:
-    node: object = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
 
 
 def _yaml_scalar(value: object) -> str:

@@ -159,10 +159,27 @@ def current_key(cls: type, dotted: str, warn: bool = True) -> str:
     return moved
 
 
-def _leaves(tree: Any, prefix: str) -> list[str]:
-    if not isinstance(tree, dict) or not tree:
-        return [prefix.rstrip(".")]
-    return [leaf for key, value in tree.items() for leaf in _leaves(value, f"{prefix}{key}.")]
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"train": {"learning_rate": 3e-5}} → {"train.learning_rate": 3e-5} (an empty mapping is
+    a leaf)."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def lookup(tree: dict, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of the dotted key in the nested `tree`."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
 
 
 def _moved_to_current_keys(cls: type, tree: dict) -> dict:
@@ -182,7 +199,7 @@ def _moved_to_current_keys(cls: type, tree: dict) -> dict:
             continue
         value = node.pop(path[-1])
         if old.endswith(".") and isinstance(value, dict):
-            leaves = [(leaf, _lookup_leaf(value, leaf)) for leaf in _leaves(value, "") if leaf]
+            leaves = list(flatten(value).items())
         else:
             leaves = [("", value)]
         moves = []
@@ -190,27 +207,11 @@ def _moved_to_current_keys(cls: type, tree: dict) -> dict:
             old_key = f"{old}{leaf}" if old.endswith(".") else old
             new_key = current_key(cls, old_key, warn=False)
             moves.append(f"{old_key} → {new_key}")
-            if not _has_dotted(moved_tree, new_key):
+            if not lookup(moved_tree, new_key)[0]:
                 _set_dotted(moved_tree, new_key, leaf_value)
         if moves:
             log.warning("renamed keys: %s; the old keys still work for now", ", ".join(moves))
     return moved_tree
-
-
-def _lookup_leaf(tree: dict, dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        node = node[part]
-    return node
-
-
-def _has_dotted(tree: dict, dotted: str) -> bool:
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def _build(cls: type[T], values: dict, prefix: str = "") -> T:
@@ -867,6 +868,14 @@ class TrainingConfig:
             value = getattr(section, key)
             if value is not None and Path(value).expanduser().is_dir():
                 setattr(section, key, str(Path(value).expanduser().resolve()))
+
+
+def training_sections(config: TrainingConfig) -> TrainingConfig:
+    """The TrainingConfig part of a config that extends it (InfoCSE's, a search's): its own
+    sections, shared, not copied (copy before changing one for a round or a trial)."""
+    return TrainingConfig(
+        **{f.name: getattr(config, f.name) for f in dataclasses.fields(TrainingConfig)}
+    )
 
 
 def validate_worker_counts(t: TrainLoopConfig) -> None:

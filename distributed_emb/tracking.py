@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distributed_emb.config import to_dict
+from distributed_emb.config import flatten, to_dict  # flatten: MLflow params are flat
 
 log = logging.getLogger(__name__)
 
@@ -217,18 +217,6 @@ def is_number(value: Any) -> bool:
 
 def _json_default(value: Any):
     return float(value) if hasattr(value, "__float__") else str(value)
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """{"train": {"batch_size": 32}} → {"train.batch_size": 32} (MLflow params are flat)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def read_train_log(path: str | os.PathLike) -> list[dict]:

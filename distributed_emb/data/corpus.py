@@ -174,6 +174,16 @@ class KeepFirstCopies:
 SMALL_CORPUS_BYTES = 64 * 1024**2
 
 
+def listed_and_small(specs: list[str], hf_split: str) -> bool:
+    """Lists the sources (a listing, no rows: a missing bucket or file, an unreachable hub or a
+    source without a data file fails here, named); True when every one is local and together
+    they are small enough to read on the driver in a second or two (SMALL_CORPUS_BYTES)."""
+    files = resolve_sources(specs, hf_split)
+    if any(is_remote(spec) or is_hub_name(spec) for spec in specs):
+        return False
+    return files.total_bytes <= SMALL_CORPUS_BYTES
+
+
 def check_small_corpus(config, fills_a_step: bool = True) -> None:
     """Every corpus is listed before Ray starts, and a local one small enough to count in a
     second or two is counted, so one that cannot fill a single step fails at once instead of
@@ -183,12 +193,7 @@ def check_small_corpus(config, fills_a_step: bool = True) -> None:
     data = config.data
     path = corpus_path(data)
     specs = [path] if isinstance(path, str) else list(path)
-    # A listing, no rows: a missing bucket or file, an unreachable hub or a source without a
-    # data file fails here, before Ray starts.
-    files = resolve_sources(specs, data.hf_split)
-    if any(is_remote(spec) or is_hub_name(spec) for spec in specs):
-        return
-    if files.total_bytes > SMALL_CORPUS_BYTES:
+    if not listed_and_small(specs, data.hf_split):
         return
     rules = text_rules(data)
     rows, report = read_rows(

@@ -26,13 +26,13 @@ import ray
 
 from distributed_emb.checks import ConfigError, require_range
 from distributed_emb.data.corpus import (
-    SMALL_CORPUS_BYTES,
     KeepCleanRows,
     collect_report,
+    listed_and_small,
     start_drop_counter,
 )
 from distributed_emb.data.readers import DROP, DropReport, corpus_datasource, iter_parsed_blocks
-from distributed_emb.data.sources import is_hub_name, is_remote, resolve_sources
+from distributed_emb.data.sources import resolve_sources
 from distributed_emb.paths import shipped_corpus
 
 logger = logging.getLogger(__name__)
@@ -268,10 +268,7 @@ def check_small_documents(config: DocumentsConfig) -> None:
     """Before Ray starts: the sources are listed, and local ones small enough to parse in a
     second or two are parsed, so a missing or unreadable file fails at once, named, instead of
     inside a Ray Data task (no driver pass over a large or remote corpus)."""
-    files = resolve_sources(config.paths, config.hf_split)
-    if any(is_remote(path) or is_hub_name(path) for path in config.paths):
-        return
-    if files.total_bytes <= SMALL_CORPUS_BYTES:
+    if listed_and_small(config.paths, config.hf_split):
         read_documents_locally(config, log=False)
 
 

@@ -5,7 +5,6 @@ annotation, the stopping rule and optional InfoCSE++ supervised rounds. Loaded w
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from dataclasses import dataclass, field
 
@@ -16,6 +15,7 @@ from distributed_emb.config import (
     require_range,
     require_seed,
     require_sources,
+    training_sections,
 )
 from distributed_emb.data.documents import DocumentsConfig
 from distributed_emb.infocse.annotate import AnnotationConfig
@@ -87,11 +87,8 @@ class InfoCSEConfig(TrainingConfig):
 
     @property
     def training(self) -> TrainingConfig:
-        """The settings each round's training starts from: a TrainingConfig over this config's
-        own sections (shared, not copied: copy it before changing it for one round)."""
-        return TrainingConfig(
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainingConfig)}
-        )
+        """The settings each round's training starts from (shared: copy before changing)."""
+        return training_sections(self)
 
     def validate(self) -> None:
         # Each section checks its own keys, naming them (ConfigError is a ValueError).

@@ -25,13 +25,14 @@ refused, naming the keys that differ, unless `output.resume=overwrite`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import asdict
 
 from distributed_emb import storage
-from distributed_emb.config import ConfigError, to_dict
-from distributed_emb.train.run_identity import differences, flatten, identity
+from distributed_emb.config import ConfigError, TrainingConfig, flatten, to_dict
+from distributed_emb.train.run_identity import differences, identity
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def rounds_settings(config) -> dict:
     training (its run identity: train/run_identity.py). Not the stopping rule (max_rounds,
     patience): a run may be continued with more rounds."""
     tree = to_dict(config)
-    flat = dict(identity(to_dict(config.training)))
+    flat = dict(identity({f.name: tree[f.name] for f in dataclasses.fields(TrainingConfig)}))
     for section in ("documents", "annotation", "student", "heldout", "supervised"):
         flat.update(flatten(tree[section], f"{section}."))
     for key in ("overlap", "retrieval_threshold", "select_by"):

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import yaml
 
 from distributed_emb.atomic_files import write_text_atomic
-from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.config import TrainingConfig, flatten, to_dict
 from distributed_emb.data.sources import is_hub_name, is_remote
 
 log = logging.getLogger(__name__)
@@ -216,16 +216,6 @@ def _objective(config: TrainingConfig) -> str:
     return " + ".join(terms) + f"; in-batch negatives from {negatives}"
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 # Where this machine keeps things: nothing a reader of the card can use (the base model and
 # the corpus have their own lines).
 _LOCAL_KEYS = {
@@ -240,11 +230,11 @@ _LOCAL_KEYS = {
 
 
 def _hyperparameters(config: TrainingConfig) -> dict:
-    return {k: v for k, v in _flatten(to_dict(config)).items() if k not in _LOCAL_KEYS}
+    return {k: v for k, v in flatten(to_dict(config)).items() if k not in _LOCAL_KEYS}
 
 
 def _non_default(config: TrainingConfig) -> dict:
-    defaults = _flatten(to_dict(TrainingConfig()))
+    defaults = flatten(to_dict(TrainingConfig()))
     return {k: v for k, v in _hyperparameters(config).items() if v != defaults.get(k)}
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from distributed_emb.config import ConfigError, TrainingConfig, to_dict
+from distributed_emb.config import ConfigError, TrainingConfig, flatten, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +74,6 @@ RESUME_FLAGS = {"must": "--resume", "anyway": "--resume-anyway", "overwrite": "-
 class RunIdentityError(ConfigError):
     """An existing run or output directory conflicts with this one; the message says which
     keys or files, and the flag that resolves it."""
-
-
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """{"train": {"learning_rate": 3e-5}} → {"train.learning_rate": 3e-5}."""
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
 
 
 def _ignored(key: str) -> bool:

@@ -8,13 +8,18 @@ One YAML holds all three, so `key=value` overrides reach everything:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from distributed_emb.config import ConfigError, TrainingConfig, require_range, require_seed
+from distributed_emb.config import (
+    ConfigError,
+    TrainingConfig,
+    require_range,
+    require_seed,
+    training_sections,
+)
 from distributed_emb.tune.search_space import DEFAULT_SEARCH_SPACE, Distribution, parse_search_space
 
 
@@ -57,8 +62,7 @@ class SearchJobConfig(TrainingConfig):
 
     def base(self) -> TrainingConfig:
         """The TrainingConfig part: what every trial starts from before its sampled values."""
-        names = [f.name for f in dataclasses.fields(TrainingConfig)]
-        return TrainingConfig(**{name: copy.deepcopy(getattr(self, name)) for name in names})
+        return copy.deepcopy(training_sections(self))
 
     def space(self) -> dict[str, Distribution]:
         return parse_search_space(self.search, self.base())
