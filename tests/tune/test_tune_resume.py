@@ -1,6 +1,10 @@
 """An interrupted search resumes: `jobs/tune_informin.py` is stopped with SIGINT (Ctrl-C)
 while its second trial trains, then `--resume` finishes it. The finished trial is not run
 again, the interrupted one continues from its last Train checkpoint, the third one runs.
+
+Only the interrupted run is a process of its own (a Ctrl-C reaches a job's main thread); the
+refused rerun and the resumption run in this process (`harness.jobs.run`, as `python
+jobs/tune_informin.py` runs them), which saves two interpreter starts with their imports.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness.jobs import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -72,7 +77,7 @@ def _checkpoint_states(run_dir: Path, while_running: bool = False) -> list[dict]
     return sorted(states, key=lambda state: state["step"])
 
 
-def test_interrupted_search_resumes_and_finishes(tmp_path, tiny_bert_path):
+def test_interrupted_search_resumes_and_finishes(tmp_path, tiny_bert_path, capfd):
     from distributed_emb.paths import shipped_corpus
 
     corpus = tmp_path / "corpus.txt"
@@ -120,12 +125,23 @@ def test_interrupted_search_resumes_and_finishes(tmp_path, tiny_bert_path):
     )
     assert interrupted_states[-1]["step"] < 8
 
-    # Without --resume the directory is refused (nothing is overwritten).
-    refused = subprocess.run(JOB + first_args, cwd=REPO, capture_output=True, text=True)
-    assert refused.returncode == 2 and "--resume" in refused.stderr
+    # Without --resume the directory is refused (nothing is overwritten), before Ray starts.
+    import ray
 
-    code = _run(["--output", str(output), "--resume"], tmp_path / "resume.log")
-    assert code == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    assert not ray.is_initialized()
+    capfd.readouterr()
+    refused = run("tune_informin", first_args)
+    refused_err = capfd.readouterr().err
+    assert refused == 2 and "--resume" in refused_err, refused_err[-3000:]
+    assert not ray.is_initialized()
+
+    # The resumption starts its own Ray in this process, shut down before the next module.
+    try:
+        code = run("tune_informin", ["--output", str(output), "--resume"])
+    finally:
+        ray.shutdown()
+    resume_log = capfd.readouterr()
+    assert code == 0, (resume_log.out + resume_log.err)[-3000:]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["trials"] == 3 and summary["errored"] == [] and not summary["interrupted"]
     table = (output / "results.md").read_text()
