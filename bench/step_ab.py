@@ -84,8 +84,8 @@ def step_ab(
         train = TrainLoopConfig(batch_size=size, precision="bf16" if name == BF16 else "fp32")
         engine = build_engine(encoder, train, 10_000, torch.device("cpu"))
         if name == BEFORE:
-            engine.optimizer = build_optimizer(engine.module, train.learning_rate, 0.0)
-            engine.scheduler = build_scheduler(engine.optimizer, 10_000, 0.0)
+            engine.optimizer = build_optimizer(engine.module, train)  # not fused
+            engine.scheduler = build_scheduler(engine.optimizer, 10_000, train)
         for batch in warm_up:
             plain_step(engine, batch, weights, sync=True)
             engine.step()

@@ -6,17 +6,11 @@ status 2) — a file in jobs/ declares only what is its own. Also `--help`'s key
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
-import io
 import json
 import logging
-import re
 import sys
 import textwrap
-import tokenize
 import traceback
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +21,7 @@ import yaml
 from distributed_emb.config import ConfigError, load_config, lookup, to_dict
 from distributed_emb.errors import UserInputError
 from distributed_emb.runtime import LOG_FORMAT, setup_logging, start_ray
+from distributed_emb.settings import key_docs
 
 log = logging.getLogger("distributed_emb")
 
@@ -282,145 +277,34 @@ def _keep_traceback_in_run_log(error: BaseException) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# --help: every configuration key, its default and its meaning
+# --help: every configuration key, its default, allowed values and meaning (its declaration)
 # ---------------------------------------------------------------------------------------------
-
-# Meanings of keys whose field in config.py has no comment, or whose comment only explains one
-# value ("None: ..."); shown before that comment. The comments in config.py stay the main
-# source: a new field needs either (tests/test_config.py checks every key has a meaning).
-KEY_HELP = {
-    "model.path": "the encoder to start from: an HF or sentence-transformers dir, or hub name",
-    "model.pooler": "sentence vector: mean of tokens, [CLS] through the pooler, or raw [CLS]",
-    "model.max_seq_length": "tokens per sentence during training (longer ones are truncated)",
-    "model.trust_remote_code": "allow a model directory's own Python code (custom models)",
-    "data.path": "the training corpus: a file, directory, glob, s3:// or gs:// URL, or hub name",
-    "data.text_column": "the text field of JSONL / Parquet / HF rows",
-    "data.hf_split": "the split of a Hugging Face dataset",
-    "data.anchor_column": "pairs: the anchor field",
-    "data.positive_column": "pairs: the positive field",
-    "data.group_column": "rows of one group (document) are not each other's negatives, and "
-    "are one cluster of loss.mcr2",
-    "data.shuffle_seed": "seed of the corpus shuffle",
-    "loss.temperature": "τ of InfoNCE",
-    "loss.mlm_probability": "share of tokens masked for the MLM term",
-    "loss.mlm_weight": "weight of the masked-language-model term",
-    "train.num_workers": "Ray Train workers (one per GPU), or [min, max] for an elastic group",
-    "train.use_gpu": "one GPU per worker",
-    "train.cpus_per_worker": "CPUs each worker reserves",
-    "train.engine": "DDP, or DeepSpeed ZeRO (pip install -e '.[deepspeed]')",
-    "train.precision": "training precision (fp16 only on GPUs)",
-    "train.compile": "faster steps on GPUs, after minutes of compiling",
-    "train.gradient_accumulation_steps": "batches per optimizer step",
-    "train.learning_rate": "peak AdamW learning rate (linear decay)",
-    "train.weight_decay": "AdamW weight decay",
-    "train.warmup_ratio": "share of the steps with a linear warm-up",
-    "train.max_grad_norm": "gradient clipping bound; null: no clipping",
-    "train.epochs": "passes over the corpus",
-    "train.seed": "seed of the model, dropout and data order",
-    "train.torch_threads": "torch threads per worker",
-    "train.report_steps": "also evaluate STS-B dev and checkpoint every N steps",
-    "train.max_failures": "worker-group restarts from the last checkpoint before the run fails",
-    "train.deepspeed.zero_stage": "DeepSpeed ZeRO stage",
-    "eval.eval_steps": "evaluate STS-B dev (and checkpoint) every N steps",
-    "eval.batch_size": "sentences per evaluation batch",
-    "eval.senteval_dir": "SentEval data directory",
-    "output.dir": "where model/, metrics.json, run.log and train_log.jsonl go",
-    "output.checkpoints_to_keep": "Ray Train checkpoints kept (the best by STS-B dev)",
-    "output.run_name": "Ray Train run name (also the trackers' run name)",
-    "ray.address": "the Ray cluster to join",
-    "ray.num_cpus": "logical CPUs of a local Ray instance",
-    "ray.object_store_memory_mb": "object store of a local Ray instance",
-}
 
 
 def config_keys_help(cls: type, file_tree: dict | None = None, file_name: str = "") -> str:
-    """One entry per key of the dataclass `cls`: `key = default`, then its meaning. Where the
-    job's default YAML (`file_tree`) sets a key, that is the default shown."""
+    """One entry per key of the config class `cls`, from its declaration (settings.py):
+    `key = default`, then its meaning and allowed values. Where the job's default YAML
+    (`file_tree`) sets a key, that is the default shown."""
     lines = ["configuration keys (set with key=value; default, then meaning):"]
-    for key, default, meaning in config_keys(cls):
-        found, value = lookup(file_tree or {}, key)
-        shown = _yaml_scalar(value if found else default)
-        if found and value != default:
+    for doc in key_docs(cls).values():
+        found, value = lookup(file_tree or {}, doc.key)
+        shown = _yaml_scalar(value if found else doc.default)
+        if found and value != doc.default:
             source = file_name or "the default config"
-            shown += f"  (from {source}; built-in {_yaml_scalar(default)})"
-        lines.append(f"  {key} = {shown}")
+            shown += f"  (from {source}; built-in {_yaml_scalar(doc.default)})"
+        lines.append(f"  {doc.key} = {shown}")
+        allowed = doc.kinds + (f", {doc.bounds}" if doc.bounds else "")
         indent = " " * 6
-        lines.extend(textwrap.wrap(meaning, 96, initial_indent=indent, subsequent_indent=indent))
+        lines.extend(
+            textwrap.wrap(
+                f"{doc.help} [{allowed}]",
+                96,
+                initial_indent=indent,
+                subsequent_indent=indent,
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join(lines)
-
-
-def config_keys(cls: type, prefix: str = "") -> list[tuple[str, object, str]]:
-    """(dotted key, built-in default, meaning) for every leaf field of `cls`, in order."""
-    hints = typing.get_type_hints(cls)
-    comments = _field_comments(cls)
-    rows = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(hints[f.name]):
-            rows.extend(config_keys(hints[f.name], key + "."))
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        meaning = "; ".join(filter(None, [KEY_HELP.get(key), comments.get(f.name)]))
-        rows.append((key, default, meaning))
-    return rows
-
-
-def _field_comments(cls: type) -> dict[str, str]:
-    """Field name → its comment in the class source: the trailing one on the field's line,
-    after the block of comment lines right above it (joined into one line). Empty when the
-    source cannot be read (e.g. a zipped install): --help then shows KEY_HELP only."""
-    source = _class_source(cls)
-    if source is None:
-        return {}
-    lines = source.splitlines()
-    trailing: dict[int, str] = {}
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type == tokenize.COMMENT:
-                row, col = token.start
-                if lines[row - 1][:col].strip():  # code before it: a trailing comment
-                    trailing[row] = token.string.lstrip("#").strip()
-    except (tokenize.TokenError, IndentationError):
-        return {}
-    comments = {}
-    for index, line in enumerate(lines):
-        match = re.match(r"    ([A-Za-z_]\w*)\s*:", line)
-        if match is None:
-            continue
-        above = []
-        row = index - 1
-        while row >= 0 and lines[row].strip().startswith("#"):
-            above.insert(0, lines[row].strip().lstrip("#").strip())
-            row -= 1
-        parts = [" ".join(above), trailing.get(index + 1, "")]
-        comments[match.group(1)] = "; ".join(p for p in parts if p)
-    return comments
-
-
-def _class_source(cls: type) -> str | None:
-    """The dedented source of a top-level class, found by scanning its module's file. Not
-    `inspect.getsource`: on Python 3.11 that runs `ast.parse`, whose recursion counter is shared
-    between threads, so it fails at random ("AST constructor recursion depth mismatch") while a
-    Ray background thread formats a traceback. None when the file cannot be read."""
-    try:
-        path = inspect.getsourcefile(cls)
-        text = Path(path).read_text() if path else None
-    except (OSError, TypeError):
-        return None
-    if text is None:
-        return None
-    lines = text.splitlines()
-    header = re.compile(rf"class {re.escape(cls.__name__)}\b")
-    starts = [row for row, line in enumerate(lines) if header.match(line)]
-    if not starts:
-        return None
-    start = starts[0]
-    end = start + 1
-    # The body runs until the next line of code at column 0 (blank lines and comments inside
-    # the class are part of it).
-    while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
-        end += 1
-    return textwrap.dedent("\n".join(lines[start:end]).rstrip() + "\n")
 
 
 def _default_tree(path: Path | str | None) -> dict:

@@ -1,7 +1,10 @@
-"""Configuration as data: nested dataclasses loaded from YAML plus dotted `key=value` overrides.
+"""Configuration as data: the settings' sections (each setting declared once, with its type,
+default, range and help: distributed_emb/settings.py), loaded from YAML plus dotted `key=value`
+overrides.
 
 Everything is validated here, before Ray starts: unknown keys, wrong types and impossible
 values raise `ConfigError` naming the dotted key, so a typo costs seconds, not a cluster job.
+`validate()` of a config keeps only the checks that read more than one setting, or the disk.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import os
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
+from pydantic import Field
 
 from distributed_emb.checks import (  # noqa: F401 - re-exported: every section's checks
     MAX_SEED,
@@ -29,9 +33,9 @@ from distributed_emb.checks import (  # noqa: F401 - re-exported: every section'
 )
 from distributed_emb.checks import require as _require
 from distributed_emb.data.sources import is_hub_name, is_remote
-from distributed_emb.losses.mcr2 import MCR2LossConfig
 from distributed_emb.losses.objective import LossConfig
 from distributed_emb.paths import default_model_path
+from distributed_emb.settings import Seed, build, flatten, lookup, section  # noqa: F401
 
 T = TypeVar("T")
 
@@ -41,71 +45,20 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------------------------------
 
 
-_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `3e-5` as the number it plainly is: YAML 1.1, which PyYAML
+    follows, reads a float without a dot as a string."""
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check `value` against `annotation`, converting only where it is lossless (int → float)."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if annotation is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, option, key)
-            except ConfigError as error:
-                errors.append(str(error))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} matches no type")
-    if origin is typing.Literal:
-        if value not in args:
-            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        item_type = args[0] if args else Any
-        return [_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if dataclasses.is_dataclass(annotation):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
-        return _build(annotation, value, key)
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
-            # YAML 1.1 reads `3e-5` (no dot) as a string; it is plainly a number.
-            value = float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if not math.isfinite(value):
-            # YAML's .inf / .nan: no knob means anything useful at infinity, and NaN compares
-            # false with every bound, so it would slip past each range check below.
-            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if value is None:
-            raise ConfigError(f"{key}: expected a string, got null")
-        if not isinstance(value, str):
-            # Only a YAML file gets here (overrides of text keys are taken literally).
-            raise ConfigError(
-                f"{key}: expected a string, got {value!r}; quote it in YAML ('{value}')"
-            )
-        return value
-    raise ConfigError(f"{key}: unsupported config type {annotation!r}")  # pragma: no cover
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a safe loader
 
 
 # Keys that were renamed: the old name fails with the new one, never silently.
@@ -159,29 +112,6 @@ def current_key(cls: type, dotted: str, warn: bool = True) -> str:
     return moved
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """{"train": {"learning_rate": 3e-5}} → {"train.learning_rate": 3e-5} (an empty mapping is
-    a leaf)."""
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def lookup(tree: dict, dotted: str) -> tuple[bool, Any]:
-    """(found, value) of the dotted key in the nested `tree`."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 def _moved_to_current_keys(cls: type, tree: dict) -> dict:
     """A YAML tree with `cls`'s old keys moved to their new places (warned). Where the tree
     also gives the new key, the new key's value wins."""
@@ -214,24 +144,16 @@ def _moved_to_current_keys(cls: type, tree: dict) -> dict:
     return moved_tree
 
 
-def _build(cls: type[T], values: dict, prefix: str = "") -> T:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in values:
-        if key not in names:
-            dotted = f"{prefix}.{key}" if prefix else key
-            if dotted in RENAMED_KEYS:
-                new, why = RENAMED_KEYS[dotted]
-                raise ConfigError(f"{dotted} is now {new} ({why})")
-            if dotted in REMOVED_KEYS:
-                raise ConfigError(f"{dotted} was removed: {REMOVED_KEYS[dotted]}")
-            raise ConfigError(f"unknown config key {dotted!r}; known keys: {sorted(names)}")
-    kwargs = {}
-    for name, value in values.items():
-        dotted = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], dotted)
-    # Nested sections given partially keep their other defaults.
-    return cls(**kwargs)
+def _build(cls: type[T], tree: dict) -> T:
+    """`cls` from a nested mapping: a renamed or removed key fails saying so; the rest is the
+    declarations' (settings.build)."""
+    for dotted, (new, why) in RENAMED_KEYS.items():
+        if lookup(tree, dotted)[0]:
+            raise ConfigError(f"{dotted} is now {new} ({why})")
+    for dotted, why in REMOVED_KEYS.items():
+        if lookup(tree, dotted)[0]:
+            raise ConfigError(f"{dotted} was removed: {why}")
+    return build(cls, tree)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any, merge: bool = False) -> None:
@@ -298,7 +220,7 @@ def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
         # A path keeps every character; a choice (pooler=mean) never has outer blanks.
         return key, raw if kind == "str" else raw.strip()
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = read_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as error:
         raise ConfigError(f"{key}: cannot parse value {raw!r}: {error}") from error
     return key, value
@@ -332,7 +254,7 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"config file {yaml_path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = read_yaml(path.read_text())
         except yaml.YAMLError as error:
             raise ConfigError(f"{yaml_path}: not valid YAML: {error}") from error
         if loaded is not None and not isinstance(loaded, dict):
@@ -438,20 +360,18 @@ def _physical_memory_mb() -> int | None:
 
 
 def validate_ray_config(ray: RayConfig, prefix: str = "ray") -> None:
-    require_range(ray.num_cpus, f"{prefix}.num_cpus", 1, allow_none=True)
-    # The size of a Ray started here (ignored when joining a cluster): it cannot exceed this
-    # machine's memory; a value in bytes instead of MiB is the usual way to get there.
+    """The object store of a Ray started here (ignored when joining a cluster) cannot exceed
+    this machine's memory; a value in bytes instead of MiB is the usual way to get there. Its
+    lower bound is declared."""
     memory = _physical_memory_mb()
-    require_range(
-        ray.object_store_memory_mb,
-        f"{prefix}.object_store_memory_mb",
-        MIN_OBJECT_STORE_MB,
-        memory,
-        allow_none=True,
-        why=f"MiB: at least Ray's minimum of {MIN_OBJECT_STORE_MB}"
-        + (f", at most this machine's {memory} MiB of memory" if memory else "")
-        + "; null lets Ray choose",
-    )
+    if memory is not None and ray.object_store_memory_mb is not None:
+        require_range(
+            ray.object_store_memory_mb,
+            f"{prefix}.object_store_memory_mb",
+            MIN_OBJECT_STORE_MB,
+            memory,
+            why=f"MiB, at most this machine's {memory} MiB of memory; null lets Ray choose",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,127 +379,299 @@ def validate_ray_config(ray: RayConfig, prefix: str = "ray") -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
+@section
 class ModelConfig:
-    path: str | None = None  # None: the packaged all-MiniLM-L6-v2
-    pooler: typing.Literal["cls", "cls_before_pooler", "mean"] = "mean"
-    # SimCSE's MLP (dense + tanh) over the pooled vector: during training only, also exported,
-    # or not at all.
-    mlp_head: typing.Literal["train_only", "export", "none"] = "train_only"
-    max_seq_length: int = 32
-    trust_remote_code: bool = False
-    # An MCR² compression head to fine-tune end to end with the encoder: a models/mcr2-<dim>
-    # directory written by jobs/train_mcr2.py (its compression_head.safetensors); the
-    # encoder's vectors pass through it, in training, selection and the export.
-    compression_head: str | None = None
+    path: Annotated[
+        str | None,
+        Field(
+            description="the encoder to start from: a Hugging Face or sentence-transformers "
+            "directory (local or s3://), or a hub name; null: the packaged all-MiniLM-L6-v2"
+        ),
+    ] = None
+    pooler: Annotated[
+        Literal["cls", "cls_before_pooler", "mean"],
+        Field(
+            description="the sentence vector: mean of tokens, [CLS] through the pooler, or raw "
+            "[CLS]"
+        ),
+    ] = "mean"
+    mlp_head: Annotated[
+        Literal["train_only", "export", "none"],
+        Field(
+            description="SimCSE's MLP (dense + tanh) over the pooled vector: during training "
+            "only, also exported, or not at all"
+        ),
+    ] = "train_only"
+    max_seq_length: Annotated[
+        int, Field(ge=4, description="tokens per sentence in training (longer ones are cut)")
+    ] = 32
+    trust_remote_code: Annotated[
+        bool, Field(description="allow a model directory's own Python code (custom models)")
+    ] = False
+    compression_head: Annotated[
+        str | None,
+        Field(
+            description="an MCR² compression head (a models/mcr2-<dim> directory of "
+            "jobs/train_mcr2.py) to fine-tune end to end with the encoder; the encoder's "
+            "vectors pass through it in training, selection and the export"
+        ),
+    ] = None
 
 
-@dataclass
+@section
 class DataConfig:
-    path: str | None = None  # None: the shipped Wikipedia sentences
-    # Files are read by their suffixes (data/sources.py): .txt .jsonl/.json .parquet .arrow,
-    # optionally .gz/.zst/.bz2; a path may be a file, directory, glob, s3:// or gs:// URI, a
-    # saved Hugging Face dataset or a hub name (org/name).
-    text_column: str = "text"
-    hf_split: str = "train"
-    # "sentences": one text per row, two dropout views (InforMin-CL / SimCSE).
-    # "pairs": anchor/positive columns (InfoCSE).
-    # Either kind: an optional group column (document id) whose rows are never used as each
-    # other's negatives, and which are MCR²'s clusters (loss.mcr2_weight).
-    kind: typing.Literal["sentences", "pairs"] = "sentences"
-    anchor_column: str = "anchor"
-    positive_column: str = "positive"
-    group_column: str | None = None
-    # Exact, distributed de-duplication of identical rows: an all-to-all pass over the whole
-    # corpus before the first step (docs/BENCHMARKS.md), so off by default.
-    deduplicate: bool = False
-    dedup_partitions: int = 16  # hash partitions of the de-duplication shuffle
-    max_rows: int | None = None  # take only the first N clean rows (quick runs)
-    # Rows longer than this many characters are dropped and counted (`too_long`) before
-    # tokenisation: no real sentence is this long, a broken file's megabyte "line" is.
-    max_chars: int = 20_000
-    block_rows: int = 10_000  # rows per block read (the unit of parallelism and counting)
-    # Shuffling (data/epoch_order.py): files in an order drawn per epoch, the rows of each
-    # block of data.block_rows in an order drawn per epoch; the same for any worker count.
-    # None: file order.
-    shuffle_seed: int | None = 0
-    # Where text becomes token ids: "ray_data" in a Ray Data stage on the cluster's CPUs (what
-    # GPUs need: data/tokenize.py), "worker" in each Train worker, "auto" = ray_data on GPU runs.
-    tokenize_in: typing.Literal["auto", "worker", "ray_data"] = "auto"
-    tokenize_batch_rows: int = 1024  # rows per tokenising task call
-    # Token-id shards written once and reused by later epochs, resumed runs and every Tune
-    # trial (data/token_cache.py): "auto" = on for Tune searches and for runs that tokenise
-    # in Ray Data and read the whole corpus (train.max_steps unset).
-    token_cache: typing.Literal["auto", "on", "off"] = "auto"
-    token_cache_dir: str | None = None  # local or s3://...; None: <storage path>/token_cache
-    # > 1: sort each pool of this many global batches by length before cutting it (less
-    # padding: data/global_batches.py, docs/BENCHMARKS.md); 0 or 1: batches as they come.
-    length_group_batches: int = 0
+    path: Annotated[
+        str | None,
+        Field(
+            description="the training corpus: a file (.txt .jsonl/.json .parquet .arrow, "
+            "optionally .gz/.zst/.bz2), directory, glob, s3:// or gs:// URI, saved Hugging Face "
+            "dataset or hub name (org/name); null: the shipped Wikipedia sentences"
+        ),
+    ] = None
+    text_column: Annotated[
+        str, Field(description="the text field of JSONL / Parquet / HF rows")
+    ] = "text"
+    hf_split: Annotated[str, Field(description="the split of a Hugging Face dataset")] = "train"
+    kind: Annotated[
+        Literal["sentences", "pairs"],
+        Field(
+            description="sentences: one text per row, two dropout views (InforMin-CL, SimCSE); "
+            "pairs: anchor/positive columns (InfoCSE)"
+        ),
+    ] = "sentences"
+    anchor_column: Annotated[str, Field(description="pairs: the anchor field")] = "anchor"
+    positive_column: Annotated[str, Field(description="pairs: the positive field")] = "positive"
+    group_column: Annotated[
+        str | None,
+        Field(
+            description="a group (document) id: rows of one group are never each other's "
+            "negatives, and are one cluster of the MCR² term (loss.mcr2_weight)"
+        ),
+    ] = None
+    # An all-to-all pass over the whole corpus before the first step (docs/BENCHMARKS.md),
+    # so off by default.
+    deduplicate: Annotated[
+        bool, Field(description="exact, distributed de-duplication of identical rows")
+    ] = False
+    dedup_partitions: Annotated[
+        int, Field(ge=1, description="hash partitions of the de-duplication shuffle")
+    ] = 16
+    max_rows: Annotated[
+        int | None, Field(ge=1, description="take only the first N clean rows (quick runs)")
+    ] = None
+    # No real sentence is this long; a broken file's megabyte "line" is.
+    max_chars: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="rows longer than this many characters are dropped and counted "
+            "(too_long) before tokenisation",
+        ),
+    ] = 20_000
+    block_rows: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="rows per block read: the unit of parallelism, counting and shuffling",
+        ),
+    ] = 10_000
+    # data/epoch_order.py: the same order for any worker count.
+    shuffle_seed: Annotated[
+        Seed | None,
+        Field(
+            description="seed of the corpus order (files, and rows within each block, drawn "
+            "per epoch); null: file order"
+        ),
+    ] = 0
+    # GPUs need the tokenising off the training process (data/tokenize.py).
+    tokenize_in: Annotated[
+        Literal["auto", "worker", "ray_data"],
+        Field(
+            description="where text becomes token ids: a Ray Data stage on the cluster's CPUs "
+            "(ray_data), each Train worker (worker); auto: ray_data on GPU runs"
+        ),
+    ] = "auto"
+    tokenize_batch_rows: Annotated[
+        int, Field(ge=1, description="rows per tokenising task call")
+    ] = 1024
+    token_cache: Annotated[
+        Literal["auto", "on", "off"],
+        Field(
+            description="token-id shards written once and reused by later epochs, resumed runs "
+            "and Tune trials (data/token_cache.py); auto: on for Tune searches and for runs "
+            "that tokenise in Ray Data and read the whole corpus"
+        ),
+    ] = "auto"
+    token_cache_dir: Annotated[
+        str | None,
+        Field(
+            description="where the token cache lives (local or s3://); null: "
+            "<storage path>/token_cache"
+        ),
+    ] = None
+    # Less padding (data/global_batches.py, docs/BENCHMARKS.md).
+    length_group_batches: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="> 1: sort each pool of this many global batches by length before "
+            "cutting it; 0 or 1: batches as they come",
+        ),
+    ] = 0
 
 
-@dataclass
+@section
 class DeepSpeedConfig:
-    zero_stage: int = 2
-    config_path: str | None = None  # a DeepSpeed JSON whose keys override ours
+    zero_stage: Annotated[int, Field(ge=0, le=3, description="DeepSpeed ZeRO stage")] = 2
+    config_path: Annotated[
+        str | None, Field(description="a DeepSpeed JSON whose keys override ours")
+    ] = None
     # DeepSpeed checkpoints are pickles: by default they are restored with
     # torch.load(weights_only=True) and a short allowlist of plain-data DeepSpeed classes.
-    # true: full unpickling (can run code), only for checkpoints you wrote yourself.
-    trust_checkpoints: bool = False
+    trust_checkpoints: Annotated[
+        bool,
+        Field(
+            description="restore DeepSpeed checkpoints with full unpickling (can run code): "
+            "only for checkpoints you wrote yourself"
+        ),
+    ] = False
 
 
-@dataclass
+@section
 class TrainLoopConfig:
-    # Ray Train workers: a number, or [min, max] for an elastic group that starts once `min`
-    # fit, grows as nodes arrive and shrinks when one is lost (Ray Train's elastic worker
-    # groups). The global batch stays `batch_size × max` whatever the group's size: each of W
-    # workers takes global/W rows, so it must divide by every size in the range.
-    num_workers: int | list[int] = 2
-    # An elastic group checks this often whether more workers fit (Ray Train's
-    # elastic_resize_monitor_interval_s); growing restarts the group from its last checkpoint.
-    elastic_resize_interval_s: float = 60.0
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    engine: typing.Literal["ddp", "deepspeed"] = "ddp"
-    # "auto": bf16 autocast where it is faster (GPUs with bf16; CPUs with native bf16 that
-    # measure faster at start-up), else fp32 (train/precision.py). Losses stay fp32.
-    precision: typing.Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
-    # How the global batch (num_workers × batch_size) is laid out over processes.
-    # "as_set": exactly num_workers × batch_size. "auto" (one node): on a CPU-only node one
-    # worker holds the whole global batch with every core as torch threads; on a GPU node one
-    # worker per GPU (train/layout.py). Several nodes: as set.
-    layout: typing.Literal["auto", "as_set"] = "as_set"
-    # torch.compile the encoder's transformer (model/encoder.py); its batches are padded to a
-    # multiple of 8 tokens so the compiled graph meets few shapes. Off: on a 2-core CPU it
-    # measured 0.97x eager after 50-100 s of compiling (docs/BENCHMARKS.md); the gain it
-    # exists for is on GPUs (bench/gpu_check.sh measures it).
-    compile: bool = False
-    # Per worker (at the largest group); the global batch (negatives) is num_workers × this.
-    batch_size: int = 32
-    # GradCache: embed in mini-batches of this size to cap memory (None: one pass).
-    mini_batch_size: int | None = None
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    max_grad_norm: float | None = 1.0
-    epochs: int = 1
-    max_steps: int | None = None  # stop after this many optimizer steps
-    seed: int = 42
-    torch_threads: int | None = None  # None: cpus_per_worker, rounded up
-    max_failures: int = 0
-    # Report (evaluate STS-B dev and write a checkpoint) also every N steps; None: only
-    # at eval.eval_steps.
-    report_steps: int | None = None
-    # CPUs kept free of Train workers for Ray Data's read/clean/feed tasks (whole CPUs: each
-    # task takes one); the resource plan (resource_plan.py) checks the cluster holds both.
-    data_cpus: float = 1.0
-    # When the cluster's CPUs cannot hold num_workers × cpus_per_worker plus data_cpus, reserve
-    # a smaller fractional CPU per worker (at least 0.25; torch threads unchanged) instead of
-    # failing.
-    lower_cpus_to_fit: bool = True
-    # Fail the run when a task, actor or worker group of the job has waited this long for
-    # resources (a pipeline that can never be scheduled, nodes that never come); null: never.
-    stall_timeout_s: float | None = 600.0
+    # Ray Train's elastic worker groups. The global batch stays `batch_size × max` whatever the
+    # group's size: each of W workers takes global/W rows, so it must divide by every size in
+    # the range (validate_worker_counts).
+    num_workers: Annotated[
+        int | list[int],
+        Field(
+            description="Ray Train workers (one per GPU), or [min, max] for an elastic group "
+            "that starts once min fit, grows as nodes arrive and shrinks when one is lost"
+        ),
+    ] = 2
+    elastic_resize_interval_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="how often an elastic group checks whether more workers fit; growing "
+            "restarts the group from its last checkpoint",
+        ),
+    ] = 60.0
+    use_gpu: Annotated[bool, Field(description="one GPU per worker")] = False
+    cpus_per_worker: Annotated[float, Field(gt=0, description="CPUs each worker reserves")] = 1.0
+    engine: Annotated[
+        Literal["ddp", "deepspeed"],
+        Field(description="DDP, or DeepSpeed ZeRO (pip install -e '.[deepspeed]')"),
+    ] = "ddp"
+    # train/precision.py; the losses stay fp32.
+    precision: Annotated[
+        Literal["auto", "fp32", "bf16", "fp16"],
+        Field(
+            description="training precision (fp16 only on GPUs); auto: bf16 autocast where it "
+            "is faster (GPUs with bf16, CPUs that measure faster at start-up), else fp32"
+        ),
+    ] = "fp32"
+    # train/layout.py.
+    layout: Annotated[
+        Literal["auto", "as_set"],
+        Field(
+            description="how the global batch is laid out over processes: as_set, exactly "
+            "num_workers × batch_size; auto (one node): one worker holding the whole global "
+            "batch with every core on a CPU node, one worker per GPU on a GPU node"
+        ),
+    ] = "as_set"
+    # On a 2-core CPU it measured 0.97x eager after 50-100 s of compiling (docs/BENCHMARKS.md);
+    # the gain it exists for is on GPUs (bench/gpu_check.sh measures it). Batches are padded to
+    # a multiple of 8 tokens so the compiled graph meets few shapes.
+    compile: Annotated[
+        bool,
+        Field(
+            description="torch.compile the encoder: faster steps on GPUs, after minutes of "
+            "compiling"
+        ),
+    ] = False
+    batch_size: Annotated[
+        int,
+        Field(
+            ge=2,
+            description="rows per worker per step (at the largest group; in-batch negatives: "
+            "the global batch is num_workers × this)",
+        ),
+    ] = 32
+    mini_batch_size: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="GradCache: embed in mini-batches of this size to cap memory, at most "
+            "train.batch_size; null: one pass",
+        ),
+    ] = None
+    gradient_accumulation_steps: Annotated[
+        int, Field(ge=1, description="batches per optimizer step")
+    ] = 1
+    learning_rate: Annotated[
+        float, Field(gt=0, description="peak AdamW learning rate (linear decay)")
+    ] = 3e-5
+    weight_decay: Annotated[float, Field(ge=0, description="AdamW weight decay")] = 0.0
+    warmup_ratio: Annotated[
+        float, Field(ge=0, lt=1, description="share of the steps with a linear warm-up")
+    ] = 0.0
+    # clip_grad_norm_ scales gradients by max_norm / norm: a negative bound reverses them
+    # (training climbs the loss) and 0 zeroes them.
+    max_grad_norm: Annotated[
+        float | None, Field(gt=0, description="gradient clipping bound; null: no clipping")
+    ] = 1.0
+    epochs: Annotated[int, Field(ge=1, description="passes over the corpus")] = 1
+    max_steps: Annotated[
+        int | None, Field(ge=1, description="stop after this many optimizer steps")
+    ] = None
+    seed: Annotated[Seed, Field(description="seed of the model, dropout and data order")] = 42
+    torch_threads: Annotated[
+        int | None,
+        Field(ge=1, description="torch threads per worker; null: cpus_per_worker, rounded up"),
+    ] = None
+    max_failures: Annotated[
+        int,
+        Field(
+            ge=-1,
+            description="worker-group restarts from the last checkpoint before the run fails "
+            "(-1: unlimited)",
+        ),
+    ] = 0
+    report_steps: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="also evaluate STS-B dev and write a checkpoint every N steps; null: "
+            "only at eval.eval_steps",
+        ),
+    ] = None
+    # The resource plan (resource_plan.py) checks the cluster holds both these and the workers.
+    data_cpus: Annotated[
+        float,
+        Field(
+            ge=1,
+            description="CPUs kept free of Train workers for Ray Data's read/clean/feed tasks "
+            "(whole CPUs: each task takes one)",
+        ),
+    ] = 1.0
+    lower_cpus_to_fit: Annotated[
+        bool,
+        Field(
+            description="when the cluster's CPUs cannot hold the workers plus train.data_cpus, "
+            "reserve a smaller CPU share per worker (at least 0.25; torch threads unchanged) "
+            "instead of failing"
+        ),
+    ] = True
+    # A pipeline that can never be scheduled, or nodes that never come.
+    stall_timeout_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="fail the run when a task, actor or worker group of the job has waited "
+            "this long for resources; null: never",
+        ),
+    ] = 600.0
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
     @property
@@ -603,77 +695,151 @@ class TrainLoopConfig:
         return range(self.min_workers, self.max_workers + 1)
 
 
-@dataclass
+@section
 class EvalConfig:
-    eval_steps: int = 50
-    senteval_dir: str | None = None  # None: the shipped STS-B
-    max_pairs: int | None = None  # evaluate on the first N STS-B dev pairs (quick runs)
-    batch_size: int = 128
-    # Final STS-B test of the exported model (needs STS-B test in senteval_dir).
-    test_after_training: bool = True
-    # May the step-0 model (the starting point) be the one exported when no trained step beats
-    # it? True for a single run (never ship worse than the start); InfoCSE rounds set False:
-    # a round's model is what its training produced, and the rounds compare it with the start.
-    start_is_candidate: bool = True
-    # Score the starting model (step 0) before training. InfoCSE rounds and the side-by-side
-    # arms set False: their start was scored already, and the pass is a whole dev evaluation.
-    score_start: bool = True
+    eval_steps: Annotated[
+        int, Field(ge=1, description="evaluate STS-B dev (and checkpoint) every N steps")
+    ] = 50
+    senteval_dir: Annotated[
+        str | None, Field(description="SentEval data directory; null: the shipped STS-B")
+    ] = None
+    max_pairs: Annotated[
+        int | None,
+        Field(ge=3, description="evaluate on the first N STS-B dev pairs (quick runs; Spearman)"),
+    ] = None
+    batch_size: Annotated[int, Field(ge=1, description="sentences per evaluation batch")] = 128
+    test_after_training: Annotated[
+        bool,
+        Field(description="score the exported model on STS-B test (needs it in eval.senteval_dir)"),
+    ] = True
+    # True for a single run (never ship worse than the start); InfoCSE rounds set False: a
+    # round's model is what its training produced, and the rounds compare it with the start.
+    start_is_candidate: Annotated[
+        bool,
+        Field(
+            description="may the starting model (step 0) be the one exported when no trained "
+            "step beats it"
+        ),
+    ] = True
+    # InfoCSE rounds and the side-by-side arms set False: their start was scored already, and
+    # the pass is a whole dev evaluation.
+    score_start: Annotated[
+        bool, Field(description="score the starting model (step 0) before training")
+    ] = True
 
 
-@dataclass
+@section
 class OutputConfig:
-    dir: str = "outputs/informin"
-    checkpoints_to_keep: int = 2
-    storage_path: str | None = None  # Ray Train storage (s3://, gs://, or a local path)
-    run_name: str | None = None
-    # An earlier run under the same run name (train/run_identity.py): "auto" continues it when
-    # its settings match and refuses otherwise; "must" (--resume) requires one to continue;
-    # "anyway" (--resume-anyway) continues it with different settings; "overwrite"
-    # (--overwrite) deletes it (checkpoints, model/, metrics.json) and starts again.
-    resume: typing.Literal["auto", "must", "anyway", "overwrite"] = "auto"
-    # Audit trail: each rank appends the row ids of every batch it trains on to
-    # <dir>/trained_rows/rank<r>.jsonl (one line a batch: attempt, epoch, step, row ids).
-    row_log: bool = False
+    dir: Annotated[
+        str,
+        Field(description="where model/, metrics.json, run.log and train_log.jsonl go"),
+    ] = "outputs/informin"
+    checkpoints_to_keep: Annotated[
+        int, Field(ge=1, description="Ray Train checkpoints kept (the best by STS-B dev)")
+    ] = 2
+    storage_path: Annotated[
+        str | None,
+        Field(
+            description="Ray Train storage: s3://, gs:// or a local path; null: under output.dir"
+        ),
+    ] = None
+    run_name: Annotated[
+        str | None, Field(description="Ray Train run name (also the trackers' run name)")
+    ] = None
+    # train/run_identity.py.
+    resume: Annotated[
+        Literal["auto", "must", "anyway", "overwrite"],
+        Field(
+            description="an earlier run under the same run name: auto continues it when its "
+            "settings match and refuses otherwise; must (--resume) requires one; anyway "
+            "(--resume-anyway) continues it with other settings; overwrite (--overwrite) "
+            "deletes it and starts again"
+        ),
+    ] = "auto"
+    row_log: Annotated[
+        bool,
+        Field(
+            description="audit trail: each rank appends the row ids of every batch it trains "
+            "on to <output.dir>/trained_rows/rank<r>.jsonl"
+        ),
+    ] = False
 
 
-@dataclass
+@section
 class RayConfig:
-    address: str | None = None  # None: connect to RAY_ADDRESS if set, else start locally
-    num_cpus: int | None = None  # logical CPUs for a local instance (None: the cores)
-    object_store_memory_mb: int | None = 1024
+    address: Annotated[
+        str | None,
+        Field(description="the Ray cluster to join; null: RAY_ADDRESS if set, else start one here"),
+    ] = None
+    num_cpus: Annotated[
+        int | None,
+        Field(ge=1, description="logical CPUs of a Ray started here; null: the machine's cores"),
+    ] = None
+    # Its upper bound, this machine's memory: validate_ray_config.
+    object_store_memory_mb: Annotated[
+        int | None,
+        Field(
+            ge=MIN_OBJECT_STORE_MB,
+            description="object store of a Ray started here, in MiB (at least Ray's minimum); "
+            "null: Ray chooses",
+        ),
+    ] = 1024
 
 
-@dataclass
+@section
 class LoggingConfig:
-    # Event files in <output.dir>/tensorboard/, written by rank 0 (view: tensorboard --logdir).
-    tensorboard: bool = True
-    wandb: bool = False  # Weights & Biases through Ray's setup_wandb (needs wandb + an API key)
-    mlflow: bool = False  # MLflow through Ray's setup_mlflow (MLFLOW_TRACKING_URI or a file)
-    # A progress line (console, run.log, train_log.jsonl, the sinks above) every N steps.
-    logging_steps: int = 10
-    # The training progress bar. auto: only when the driver's stderr is a terminal (redrawn
-    # into a log file, each redraw becomes a line); the progress lines above always print.
-    progress_bar: typing.Literal["auto", "on", "off"] = "auto"
+    tensorboard: Annotated[
+        bool,
+        Field(description="event files in <output.dir>/tensorboard/, written by rank 0"),
+    ] = True
+    wandb: Annotated[
+        bool,
+        Field(
+            description="Weights & Biases through Ray's setup_wandb (needs wandb and an API key)"
+        ),
+    ] = False
+    mlflow: Annotated[
+        bool,
+        Field(description="MLflow through Ray's setup_mlflow (MLFLOW_TRACKING_URI or a file)"),
+    ] = False
+    logging_steps: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="a progress line (console, run.log, train_log.jsonl, the trackers) "
+            "every N steps",
+        ),
+    ] = 10
+    # Redrawn into a log file, each redraw would become a line.
+    progress_bar: Annotated[
+        Literal["auto", "on", "off"],
+        Field(description="the training progress bar; auto: only when stderr is a terminal"),
+    ] = "auto"
 
 
-@dataclass
+@section
 class ExportConfig:
-    # The exported model's max_seq_length; None: the base model's own limit (model.max_seq_length
-    # is the training length, a speed choice, not what users of the export should get).
-    max_seq_length: int | None = None
-    push_to_hub: bool = False  # upload the export after training (needs HF_HUB_OFFLINE=0)
-    hub_model_id: str | None = None  # the hub repository, e.g. my-org/informin-minilm
-    license: str | None = None  # the model card's licence; None: the base model card's
-
-
-def validate_logging_config(c: LoggingConfig, key: str = "logging") -> None:
-    require_range(c.logging_steps, f"{key}.logging_steps", 1)
+    # model.max_seq_length is the training length, a speed choice, not what users of the export
+    # should get.
+    max_seq_length: Annotated[
+        int | None,
+        Field(ge=4, description="the exported model's max_seq_length; null: the base model's own"),
+    ] = None
+    push_to_hub: Annotated[
+        bool,
+        Field(description="upload the export after training (needs HF_HUB_OFFLINE=0 and a token)"),
+    ] = False
+    hub_model_id: Annotated[
+        str | None, Field(description="the hub repository, e.g. my-org/informin-minilm")
+    ] = None
+    license: Annotated[
+        str | None, Field(description="the model card's licence; null: the base model card's")
+    ] = None
 
 
 def validate_export_config(c: ExportConfig, key: str = "export") -> None:
-    """Value checks, plus the hub being reachable at all: a push that can only fail must fail
-    here, before hours of training, not after them."""
-    require_range(c.max_seq_length, f"{key}.max_seq_length", 4, allow_none=True)
+    """The hub id's form, and the hub being reachable at all: a push that can only fail must
+    fail here, before hours of training, not after them."""
     if c.hub_model_id is not None:
         _require(
             _looks_like_hub_name(c.hub_model_id),
@@ -694,7 +860,7 @@ def validate_export_config(c: ExportConfig, key: str = "export") -> None:
         )
 
 
-@dataclass
+@section
 class TrainingConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -709,25 +875,8 @@ class TrainingConfig:
     def validate(self) -> None:
         m, d, lo, t, e, o = self.model, self.data, self.loss, self.train, self.eval, self.output
         require_model_dir(m.path, "model.path")
-        require_range(m.max_seq_length, "model.max_seq_length", 4)
         if d.path is not None:
             require_sources([d.path], "data.path")
-        require_range(d.max_rows, "data.max_rows", 1, allow_none=True)
-        require_seed(d.shuffle_seed, "data.shuffle_seed", allow_none=True)
-        require_range(d.length_group_batches, "data.length_group_batches", 0)
-        require_range(d.max_chars, "data.max_chars", 1)
-        require_range(d.block_rows, "data.block_rows", 1)
-        require_range(d.dedup_partitions, "data.dedup_partitions", 1)
-        require_range(d.tokenize_batch_rows, "data.tokenize_batch_rows", 1)
-        require_range(lo.temperature, "loss.temperature", 0, low_open=True)
-        require_range(lo.reconstruction_weight, "loss.reconstruction_weight", 0)
-        require_range(lo.mlm_weight, "loss.mlm_weight", 0)
-        require_range(
-            lo.mlm_probability, "loss.mlm_probability", 0, 1, low_open=True, high_open=True
-        )
-        require_range(lo.contrastive_weight, "loss.contrastive_weight", 0)
-        require_range(lo.distill_weight, "loss.distill_weight", 0)
-        require_range(lo.mcr2_weight, "loss.mcr2_weight", 0)
         _require(
             lo.contrastive_weight
             + lo.reconstruction_weight
@@ -748,7 +897,6 @@ class TrainingConfig:
                 "must be none with model.compression_head: the head reads the pooled vector",
             )
         if lo.mcr2_weight > 0:
-            validate_mcr2_loss(lo.mcr2, "loss.mcr2")
             _require(
                 d.group_column is not None or lo.mcr2.compress_weight == 0,
                 "data.group_column",
@@ -787,42 +935,14 @@ class TrainingConfig:
                 "drop the teacher",
             )
         validate_worker_counts(t)
-        require_range(
-            t.elastic_resize_interval_s, "train.elastic_resize_interval_s", 0, low_open=True
-        )
-        require_range(t.cpus_per_worker, "train.cpus_per_worker", 0, low_open=True)
-        require_range(t.batch_size, "train.batch_size", 2, why="in-batch negatives")
-        require_range(
-            t.mini_batch_size,
-            "train.mini_batch_size",
-            1,
-            t.batch_size,
-            allow_none=True,
-            why="at most train.batch_size",
-        )
-        require_range(t.gradient_accumulation_steps, "train.gradient_accumulation_steps", 1)
-        require_range(t.learning_rate, "train.learning_rate", 0, low_open=True)
-        require_range(t.weight_decay, "train.weight_decay", 0)
-        require_range(t.warmup_ratio, "train.warmup_ratio", 0, 1, high_open=True)
-        # clip_grad_norm_ scales gradients by max_norm / norm: a negative bound reverses them
-        # (training climbs the loss) and 0 zeroes them; null turns clipping off.
-        require_range(
-            t.max_grad_norm,
-            "train.max_grad_norm",
-            0,
-            low_open=True,
-            allow_none=True,
-            why="null turns clipping off; <= 0 would zero or reverse the gradients",
-        )
-        require_range(t.epochs, "train.epochs", 1)
-        require_range(t.max_steps, "train.max_steps", 1, allow_none=True)
-        require_seed(t.seed, "train.seed")
-        require_range(t.torch_threads, "train.torch_threads", 1, allow_none=True)
-        require_range(t.max_failures, "train.max_failures", -1, why="-1: unlimited")
-        require_range(t.report_steps, "train.report_steps", 1, allow_none=True)
-        require_range(t.data_cpus, "train.data_cpus", 1, why="Ray Data tasks take 1 CPU each")
-        require_range(t.stall_timeout_s, "train.stall_timeout_s", 0, low_open=True, allow_none=True)
-        require_range(t.deepspeed.zero_stage, "train.deepspeed.zero_stage", 0, 3)
+        if t.mini_batch_size is not None:
+            require_range(
+                t.mini_batch_size,
+                "train.mini_batch_size",
+                1,
+                t.batch_size,
+                why="at most train.batch_size",
+            )
         if t.deepspeed.config_path is not None:
             _require(
                 Path(t.deepspeed.config_path).is_file(),
@@ -831,9 +951,6 @@ class TrainingConfig:
             )
         if t.precision == "fp16":
             _require(t.use_gpu, "train.precision", "fp16 needs a GPU; use bf16 or fp32 on CPU")
-        require_range(e.eval_steps, "eval.eval_steps", 1)
-        require_range(e.max_pairs, "eval.max_pairs", 3, allow_none=True, why="Spearman")
-        require_range(e.batch_size, "eval.batch_size", 1)
         if e.senteval_dir is not None:
             _require(
                 Path(e.senteval_dir).is_dir(),
@@ -841,9 +958,7 @@ class TrainingConfig:
                 f"{e.senteval_dir} is not a directory",
             )
         _require(bool(o.dir.strip()), "output.dir", "is empty")
-        require_range(o.checkpoints_to_keep, "output.checkpoints_to_keep", 1)
         validate_ray_config(self.ray)
-        validate_logging_config(self.logging)
         validate_export_config(self.export)
 
     @property
@@ -860,14 +975,14 @@ class TrainingConfig:
         rank 0 writes run.log there, every worker loads the models). A hub name, or a path
         that is not a directory here, stays as given."""
         self.output.dir = str(Path(self.output.dir).expanduser().resolve())
-        for section, key in (
+        for holder, key in (
             (self.model, "path"),
             (self.model, "compression_head"),
             (self.loss, "distill_teacher"),
         ):
-            value = getattr(section, key)
+            value = getattr(holder, key)
             if value is not None and Path(value).expanduser().is_dir():
-                setattr(section, key, str(Path(value).expanduser().resolve()))
+                setattr(holder, key, str(Path(value).expanduser().resolve()))
 
 
 def training_sections(config: TrainingConfig) -> TrainingConfig:
@@ -901,15 +1016,6 @@ def validate_worker_counts(t: TrainLoopConfig) -> None:
             f"workers (each of W workers takes global/W rows); use train.batch_size="
             f"{suggestion} (a global batch of {suggestion * t.max_workers}) or narrow the range",
         )
-
-
-def validate_mcr2_loss(c: MCR2LossConfig, key: str) -> None:
-    """The MCR² loss's own keys (the compression job's `loss` and training's `loss.mcr2`)."""
-    require_range(c.eps, f"{key}.eps", 0, low_open=True)
-    require_range(c.pair_weight, f"{key}.pair_weight", 0)
-    require_range(c.compress_weight, f"{key}.compress_weight", 0)
-    require_range(c.distill_weight, f"{key}.distill_weight", 0)
-    require_range(c.distill_temperature, f"{key}.distill_temperature", 0, low_open=True)
 
 
 def training_config_from_dict(tree: dict) -> TrainingConfig:

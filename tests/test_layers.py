@@ -10,7 +10,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "distributed_emb"
 
 # Lowest first; a module may import its own layer and the ones below it.
 LAYERS = [
-    {"errors", "checks", "paths", "atomic_files", "tables", "distributed", "storage", "console"},
+    {
+        "errors",
+        "checks",
+        "paths",
+        "atomic_files",
+        "tables",
+        "distributed",
+        "storage",
+        "console",
+        "settings",
+    },
     {"data", "losses"},  # what is read and what is optimised: no settings of their own kind
     {"config"},  # the training settings (declared over data's and losses' sections)
     {"tracking", "plots", "resource_plan", "watchdog", "runtime"},  # the run around the model

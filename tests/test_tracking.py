@@ -314,12 +314,15 @@ def test_output_dir_is_made_absolute_for_the_workers(tmp_path, monkeypatch):
     assert config.output.dir == str(tmp_path / "rel" / "run")
 
 
-def test_help_lists_every_key_with_its_default_and_meaning(tmp_path, capsys):
+def test_help_lists_every_key_with_its_default_meaning_and_range(tmp_path, capsys):
+    """--help is read from each setting's one declaration (settings.py): its default, its help
+    text and its allowed values."""
     import dataclasses
 
     from harness.jobs import job_module
 
-    from distributed_emb.cli import config_keys, run_job
+    from distributed_emb.cli import run_job
+    from distributed_emb.settings import key_docs
 
     default = tmp_path / "default.yaml"
     default.write_text("train:\n  learning_rate: 1.0e-5\n")
@@ -328,19 +331,22 @@ def test_help_lists_every_key_with_its_default_and_meaning(tmp_path, capsys):
         run_job(job, ["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    keys = config_keys(TrainingConfig)
-    assert len(keys) > 60
-    for key, _, meaning in keys:
+    docs = key_docs(TrainingConfig)
+    assert len(docs) > 60
+    for key, doc in docs.items():
         assert f"  {key} = " in text
-        assert meaning, f"{key} has no meaning: add a comment to its field in config.py"
+        assert doc.help, f"{key} has no help: give its declaration a description"
     # Defaults: the built-in one, or the job's YAML value, marked as such.
     assert "  train.batch_size = 32\n" in text
     assert "  train.learning_rate = 1.0e-05  (from default.yaml; built-in 3.0e-05)" in text
-    # The meaning comes from the field's comment in config.py ...
-    assert "      λ of InforMin-CL's reconstruction term" in text
-    # ... and a multi-line comment above the field is one line of meaning.
-    model_mlp = text.split("  model.mlp_head = train_only\n")[1].split("\n  model.")[0]
-    assert "SimCSE's MLP (dense + tanh) over the pooled vector" in model_mlp
+    # The meaning and the allowed values come from the declaration.
+    batch_size = text.split("  train.batch_size = 32\n")[1].split("\n  train.")[0]
+    assert "rows per worker per step" in batch_size
+    assert "[an integer, >= 2]" in batch_size
+    mlm = text.split("  loss.mlm_probability = 0.15\n")[1].split("\n  loss.")[0]
+    assert "[a number, in (0, 1)]" in mlm
+    pooler = text.split("  model.pooler = mean\n")[1].split("\n  model.")[0]
+    assert "['cls', 'cls_before_pooler', 'mean']" in " ".join(pooler.split())
 
 
 @pytest.mark.parametrize(

@@ -18,13 +18,14 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
+from pydantic import Field
 
-from distributed_emb.checks import ConfigError, require_range
+from distributed_emb.checks import ConfigError
 from distributed_emb.data.corpus import (
     KeepCleanRows,
     collect_report,
@@ -34,6 +35,7 @@ from distributed_emb.data.corpus import (
 from distributed_emb.data.readers import DROP, DropReport, corpus_datasource, iter_parsed_blocks
 from distributed_emb.data.sources import resolve_sources
 from distributed_emb.paths import shipped_corpus
+from distributed_emb.settings import section
 
 logger = logging.getLogger(__name__)
 
@@ -196,27 +198,56 @@ class DocumentRows:
         return normalise_record(record, self.columns, self.min_sentences)
 
 
-@dataclass
+@section
 class DocumentsConfig:
     """Where documents come from and how their columns are named (a config section)."""
 
-    paths: list[str] = field(
+    paths: Annotated[
+        list[str],
+        Field(
+            description="the document corpora: files (.jsonl/.json .parquet .arrow, "
+            "optionally compressed), directories, globs, s3:// or gs:// URIs, saved Hugging "
+            "Face datasets or hub names (org/name); by default the shipped Lee and Wikipedia "
+            "documents"
+        ),
+    ] = field(
         default_factory=lambda: [
             shipped_corpus("lee_documents.jsonl"),
             shipped_corpus("wiki_documents.jsonl"),
         ]
     )
-    id_column: str = "id"
-    sentences_column: str = "sentences"
-    text_column: str = "text"
-    hf_split: str = "train"
-    min_sentences: int = 2
-    max_chars: int = 10_000_000  # a document's line or text; only a broken file is longer
+    id_column: Annotated[str, Field(description="the document id field")] = "id"
+    sentences_column: Annotated[
+        str,
+        Field(description="the field holding a document's list of sentences (used when present)"),
+    ] = "sentences"
+    text_column: Annotated[
+        str,
+        Field(
+            description="the field holding a document's text, split into sentences when it "
+            "has no sentences list"
+        ),
+    ] = "text"
+    hf_split: Annotated[str, Field(description="the split of a Hugging Face dataset")] = "train"
+    # Default 2: a one-sentence document has no intra-document positive.
+    min_sentences: Annotated[
+        int,
+        Field(ge=1, description="documents with fewer sentences are dropped and counted"),
+    ] = 2
+    # Only a broken file is longer.
+    max_chars: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="documents whose line or text is longer than this many characters "
+            "are dropped and counted (too_long)",
+        ),
+    ] = 10_000_000
 
     def validate(self) -> None:
+        """What the declarations cannot say: at least one source."""
         if not self.paths:
-            raise ConfigError("documents.paths: is empty")
-        require_range(self.min_sentences, "documents.min_sentences", 1)
+            raise ConfigError("documents.paths: is empty; list at least one document corpus")
 
     @property
     def columns(self) -> DocumentColumns:

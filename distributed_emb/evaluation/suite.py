@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field
 
-from distributed_emb.config import ConfigError, RayConfig
+from distributed_emb.config import ConfigError, RayConfig, validate_ray_config
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.geometry import sts_geometry
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
@@ -31,8 +32,8 @@ from distributed_emb.evaluation.transfer import (
     evaluate_trec,
 )
 from distributed_emb.model.embedder import EmbeddingLookup, make_encoder, use_encoding_pool
-from distributed_emb.model.sentence_transformer import POOLERS
 from distributed_emb.paths import default_model_path, shipped_senteval_dir
+from distributed_emb.settings import section
 
 log = logging.getLogger(__name__)
 
@@ -50,54 +51,121 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass
+@section
 class EncodeSettings:
-    pooler: str | None = None  # None: a SentenceTransformer dir as saved; else cls_before_pooler
-    batch_size: int = 128
-    max_seq_length: int | None = None
-    # auto: a Ray Data actor pool when joining a cluster or concurrency > 1, else this process
-    # (model/embedder.py use_encoding_pool); true/false force one.
-    use_ray: bool | Literal["auto"] = "auto"
-    concurrency: int = 1  # encoding actors
-    num_cpus_per_actor: float | None = None  # None: leave one CPU for Ray Data's tasks
-    num_gpus_per_actor: float | None = None  # None: 1 if the cluster has enough GPUs
-    torch_threads: int | None = None  # None: Ray's per-actor default
+    pooler: Annotated[
+        Literal["cls", "cls_before_pooler", "mean"] | None,
+        Field(
+            description="the sentence vector of a plain Hugging Face encoder: mean of tokens, "
+            "[CLS] through the pooler, or raw [CLS]; null: a SentenceTransformer directory as "
+            "saved, else cls_before_pooler"
+        ),
+    ] = None
+    batch_size: Annotated[int, Field(ge=1, description="sentences per encoding batch")] = 128
+    max_seq_length: Annotated[
+        int | None,
+        Field(
+            ge=4,
+            description="tokens per sentence (longer ones are cut); null: the model's own",
+        ),
+    ] = None
+    # model/embedder.py use_encoding_pool.
+    use_ray: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="encode in a Ray Data actor pool (true) or in this process (false); "
+            "auto: the pool when joining a cluster or with concurrency above 1"
+        ),
+    ] = "auto"
+    concurrency: Annotated[int, Field(ge=1, description="encoding actors of the pool")] = 1
+    num_cpus_per_actor: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="CPUs each encoding actor reserves; null: a share that leaves one CPU "
+            "for Ray Data's tasks",
+        ),
+    ] = None
+    num_gpus_per_actor: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="GPUs each encoding actor reserves; null: 1 if the cluster has a GPU "
+            "per actor, else 0",
+        ),
+    ] = None
+    torch_threads: Annotated[
+        int | None,
+        Field(ge=1, description="torch threads per encoding actor; null: Ray's per-actor default"),
+    ] = None
 
 
-@dataclass
+@section
 class RetrievalSettings:
-    threshold: float = 4.0  # STS-B test pairs scored >= this are (query, positive)
-    ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    # STS-B gold scores run from 0 to 5: a bound outside selects nothing or everything.
+    threshold: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=5,
+            description="STS-B test pairs with a gold score at least this are the retrieval "
+            "task's (query, positive) pairs; the others' second sentences are distractors",
+        ),
+    ] = 4.0
+    # At least one k: validate().
+    ks: Annotated[
+        list[Annotated[int, Field(ge=1)]],
+        Field(description="the k of each Recall@k reported"),
+    ] = field(default_factory=lambda: [1, 5, 10])
 
 
-@dataclass
+@section
 class EvaluationConfig:
-    model: str | None = None  # None: the packaged all-MiniLM-L6-v2
-    senteval_dir: str | None = None  # None: the shipped STS-B-only directory
-    tasks: list[str] = field(default_factory=lambda: ["all"])
-    output: str | None = None  # results JSON
+    model: Annotated[
+        str | None,
+        Field(
+            description="the encoder: a SentenceTransformer or plain Hugging Face model "
+            "directory; null: the packaged all-MiniLM-L6-v2"
+        ),
+    ] = None
+    senteval_dir: Annotated[
+        str | None,
+        Field(
+            description="SentEval's data/downstream directory (or its parent data/); null: the "
+            "shipped STS-B-only copy"
+        ),
+    ] = None
+    # Names are resolved in validate(): a comma list is one item.
+    tasks: Annotated[
+        list[str],
+        Field(
+            description="groups (all, sts, transfer, retrieval, geometry) or task names "
+            "(STS12 … SICKRelatedness, MR … MRPC), each item a name or a comma list"
+        ),
+    ] = field(default_factory=lambda: ["all"])
+    output: Annotated[
+        str | None, Field(description="the results JSON to write; null: print only")
+    ] = None
     encode: EncodeSettings = field(default_factory=EncodeSettings)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> None:
+        """What the declarations cannot say: the directories exist, the task names resolve,
+        the lists hold a value, the object store fits this machine."""
         if self.model is not None and not Path(self.model).is_dir():
             raise ConfigError(f"model: {self.model} is not a model directory")
         if self.senteval_dir is not None and not Path(self.senteval_dir).is_dir():
             raise ConfigError(f"senteval_dir: {self.senteval_dir} is not a directory")
-        if self.encode.pooler is not None and self.encode.pooler not in POOLERS:
-            raise ConfigError(f"encode.pooler: {self.encode.pooler!r} is not one of {POOLERS}")
-        if self.encode.batch_size < 1:
-            raise ConfigError("encode.batch_size: must be >= 1")
-        if self.encode.concurrency < 1:
-            raise ConfigError("encode.concurrency: must be >= 1")
-        if not self.retrieval.ks or min(self.retrieval.ks) < 1:
-            raise ConfigError("retrieval.ks: need at least one k >= 1")
+        if not self.retrieval.ks:
+            raise ConfigError("retrieval.ks: is empty; give at least one k >= 1")
+        self.transfer.validate("transfer")
         try:
             resolve_tasks(self.tasks)
         except ValueError as err:
             raise ConfigError(f"tasks: {err}") from None
+        validate_ray_config(self.ray)
 
 
 def resolve_tasks(names: list[str]) -> dict[str, list[str]]:

@@ -26,15 +26,19 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import threadpool_limits
 
+from distributed_emb.checks import require
 from distributed_emb.evaluation.senteval_data import ClassificationData, PairClassificationData
+from distributed_emb.settings import Seed, section
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -42,26 +46,59 @@ INNER_KFOLD_C = tuple(2.0**t for t in range(-2, 4))  # SentEval InnerKFold / Spl
 KFOLD_C = tuple(2.0**t for t in range(-1, 6))  # SentEval KFoldClassifier grid
 
 
-@dataclass
+@section
 class TransferConfig:
-    """Knobs of the transfer protocol; defaults are SentEval's ``kfold=10`` test setting."""
+    """Knobs of the transfer protocol (a config section); defaults are SentEval's ``kfold=10``
+    test setting."""
 
-    kfold: int = 10  # outer and inner folds (SentEval uses one k for both)
-    seed: int = 1111
-    max_iter: int = 1000  # lbfgs iterations per fit
-    inner_kfold_c: tuple[float, ...] = INNER_KFOLD_C
-    kfold_c: tuple[float, ...] = KFOLD_C
-    mrpc_features: str = "senteval"  # "senteval": [|u-v|, u*v]; "full": [u, v, |u-v|, u*v]
+    # SentEval uses one k for both the outer and the inner folds.
+    kfold: Annotated[
+        int,
+        Field(
+            ge=2,
+            description="folds of the cross-validation (outer and inner: SentEval uses one k for "
+            "both); SentEval's test setting is 10, its fasttest 5",
+        ),
+    ] = 10
+    seed: Annotated[
+        Seed,
+        Field(
+            description="seed of the logistic regressions and of TREC/MRPC's folds (MR, CR, "
+            "SUBJ and MPQA fold with SentEval's 1111)"
+        ),
+    ] = 1111
+    max_iter: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="lbfgs iterations per fit; fits stopped before converging are counted "
+            "(n_not_converged)",
+        ),
+    ] = 1000
+    # A grid's non-emptiness: validate().
+    inner_kfold_c: Annotated[
+        tuple[Annotated[float, Field(gt=0)], ...],
+        Field(
+            description="C values searched for MR, CR, SUBJ, MPQA (inner folds) and SST-2 (dev "
+            "split); SentEval's 2^-2 … 2^3"
+        ),
+    ] = INNER_KFOLD_C
+    kfold_c: Annotated[
+        tuple[Annotated[float, Field(gt=0)], ...],
+        Field(description="C values searched for TREC and MRPC (k folds); SentEval's 2^-1 … 2^5"),
+    ] = KFOLD_C
+    mrpc_features: Annotated[
+        Literal["senteval", "full"],
+        Field(
+            description="MRPC's pair features: senteval [|u-v|, u*v] (SentEval's code), full "
+            "[u, v, |u-v|, u*v]"
+        ),
+    ] = "senteval"
 
-    def __post_init__(self) -> None:
-        if self.kfold < 2:
-            raise ValueError(f"transfer.kfold must be >= 2, got {self.kfold}")
-        if self.mrpc_features not in ("senteval", "full"):
-            raise ValueError(
-                f"transfer.mrpc_features must be 'senteval' or 'full', not {self.mrpc_features!r}"
-            )
-        if not self.inner_kfold_c or not self.kfold_c:
-            raise ValueError("transfer C grids must not be empty")
+    def validate(self, key: str = "transfer") -> None:
+        """What the declarations cannot say: each C grid holds at least one value."""
+        for name in ("inner_kfold_c", "kfold_c"):
+            require(bool(getattr(self, name)), f"{key}.{name}", "give at least one C")
 
 
 @dataclass

@@ -24,17 +24,19 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
+from pydantic import Field
 
-from distributed_emb.config import require_range
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.model.embedder import Embedder, default_cpus_per_actor
 from distributed_emb.resource_plan import Extra, check_pool_plan
+from distributed_emb.settings import section
 from distributed_emb.storage import has_files
 from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
@@ -65,45 +67,71 @@ _DOCUMENT_ANNOTATION_SCHEMA = pa.schema(
 )
 
 
-@dataclass
+@section
 class AnnotationConfig:
     """How annotation embeds, clusters and spreads over actors (a config section)."""
 
-    # The teacher: a model (path, or "source" for the model the student was cut from, see
-    # InfoCSEConfig.student) that annotates rounds 1..teacher_rounds; later rounds are
-    # annotated by the trained model itself. None: every round is self-annotated.
-    model: str | None = None
-    teacher_rounds: int = 1
-    pooler: str | None = None  # None: a sentence-transformers dir as saved; see the loader
-    max_seq_length: int | None = None  # None: the initial model's own, for every round
-    encode_batch_size: int = 128  # sentences per forward pass
-    documents_per_batch: int = 8  # documents per map_batches call (one encode call)
-    concurrency: int = 2  # annotation actors
-    num_cpus_per_actor: float | None = None  # None: leave one CPU for Ray Data's own tasks
-    num_gpus_per_actor: float = 0.0
-    torch_threads: int | None = None  # None: Ray's OMP setting for the actor's CPU share
-    # Seconds the pool may wait for resources that never free before the round fails naming
-    # them (null: wait forever).
-    stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S
+    model: Annotated[
+        str | None,
+        Field(
+            description="the teacher that annotates rounds 1..annotation.teacher_rounds: a "
+            "model path or hub name, or source (the model the student was cut from, see "
+            "student.num_layers); later rounds are annotated by the trained model itself; "
+            "null: every round is self-annotated"
+        ),
+    ] = None
+    teacher_rounds: Annotated[
+        int, Field(ge=1, description="rounds annotated by annotation.model (when set)")
+    ] = 1
+    pooler: Annotated[
+        Literal["cls", "cls_before_pooler", "mean"] | None,
+        Field(
+            description="the sentence vector the annotating model gives: mean of tokens, "
+            "[CLS] through the pooler, or raw [CLS]; null: a sentence-transformers directory's "
+            "own pooling as saved (raw [CLS] for a plain Hugging Face model)"
+        ),
+    ] = None
+    max_seq_length: Annotated[
+        int | None,
+        Field(
+            ge=4,
+            description="tokens per sentence when annotating; null: the initial model's own, "
+            "for every round",
+        ),
+    ] = None
+    encode_batch_size: Annotated[int, Field(ge=1, description="sentences per forward pass")] = 128
+    documents_per_batch: Annotated[
+        int, Field(ge=1, description="documents per map_batches call (one encode call)")
+    ] = 8
+    concurrency: Annotated[int, Field(ge=1, description="annotation actors")] = 2
+    num_cpus_per_actor: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="CPUs each annotation actor reserves; null: a share that leaves one "
+            "CPU for Ray Data's own tasks",
+        ),
+    ] = None
+    num_gpus_per_actor: Annotated[
+        float, Field(ge=0, description="GPUs (or a share of one) each annotation actor reserves")
+    ] = 0.0
+    torch_threads: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="torch threads per annotation actor; null: Ray's OMP setting for the "
+            "actor's CPU share",
+        ),
+    ] = None
+    stall_timeout_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="fail the round, naming the resources, when the actor pool has waited "
+            "this long for resources that never free; null: wait forever",
+        ),
+    ] = DEFAULT_STALL_TIMEOUT_S
     idc: IDCConfig = field(default_factory=IDCConfig)
-
-    def validate(self) -> None:
-        self.idc.validate("annotation.idc")
-        for name in ("encode_batch_size", "documents_per_batch", "concurrency", "teacher_rounds"):
-            require_range(getattr(self, name), f"annotation.{name}", 1)
-        require_range(self.max_seq_length, "annotation.max_seq_length", 4, allow_none=True)
-        require_range(
-            self.num_cpus_per_actor,
-            "annotation.num_cpus_per_actor",
-            0,
-            low_open=True,
-            allow_none=True,
-        )
-        require_range(self.num_gpus_per_actor, "annotation.num_gpus_per_actor", 0)
-        require_range(self.torch_threads, "annotation.torch_threads", 1, allow_none=True)
-        require_range(
-            self.stall_timeout_s, "annotation.stall_timeout_s", 0, low_open=True, allow_none=True
-        )
 
 
 @dataclass
@@ -304,7 +332,6 @@ def annotate_documents(
     infocse/overlap.py: the CPUs Ray could give are held by the Train workers and Ray Data).
     """
     config = config or AnnotationConfig()
-    config.validate()
     _check_output_dir(output_dir)
     if not ray.is_initialized():
         ray.init()
@@ -374,7 +401,6 @@ def annotate_documents_locally(
     writes them to `output_dir` as one Parquet file when given.
     """
     config = config or AnnotationConfig()
-    config.validate()
     if documents_per_encode < 1:
         raise ValueError(f"documents_per_encode must be ≥ 1, got {documents_per_encode}")
     if output_dir is not None:

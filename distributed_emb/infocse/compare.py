@@ -31,8 +31,11 @@ import json
 import logging
 import time
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import ConfigError, OutputConfig, require_range
@@ -46,6 +49,7 @@ from distributed_emb.infocse.rounds import (
     round_state,
     run_rounds,
 )
+from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
 from distributed_emb.train.trainer import run_training
 
@@ -65,21 +69,27 @@ COLUMNS = (
 DEFAULTS = ["annotation.model=source", "student.num_layers=3", "rounds.max_rounds=1"]
 
 
-@dataclass
+@section
 class ComparisonSettings:
-    arms: list[Arm] = field(default_factory=lambda: list(ARMS))
-    informin_lambda: float = 0.1  # λ of the informin arm's reconstruction term
+    arms: Annotated[
+        list[Arm],
+        Field(description="the arms to train and score, in this order (--arms a,b)"),
+    ] = field(default_factory=lambda: list(ARMS))
+    informin_lambda: Annotated[
+        float,
+        Field(ge=0, description="λ, the weight of the informin arm's reconstruction term"),
+    ] = 0.1
 
 
-@dataclass
+@section
 class ComparisonConfig(InfoCSEConfig):
     output: OutputConfig = field(default_factory=lambda: OutputConfig(dir="outputs/compare"))
     compare: ComparisonSettings = field(default_factory=ComparisonSettings)
 
     def validate(self) -> None:
+        """InfoCSE's checks, and at least one arm (the arms' values are declared)."""
         super().validate()
         require_range(len(self.compare.arms), "compare.arms", 1, why="the arms to train")
-        require_range(self.compare.informin_lambda, "compare.informin_lambda", 0)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -27,29 +27,46 @@ n ≥ 2 sentences has no singleton clusters; a document with one sentence gives 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from distributed_emb.config import require_range, require_seed
+from distributed_emb.settings import Seed, section
 
 
-@dataclass
+@section
 class IDCConfig:
     """Knobs of intra-document clustering (a section of the InfoCSE config)."""
 
-    top_k: int = 1
-    mutual: bool = False  # False: j ∈ topK(i) or i ∈ topK(j) (DESIGN.md); True: and
-    max_pairs_per_cluster: int | None = None  # None: every pair of every cluster
-    seed: int = 0
-
-    def validate(self, key: str = "annotation.idc") -> None:
-        require_range(self.top_k, f"{key}.top_k", 1)
-        require_seed(self.seed, f"{key}.seed")
-        require_range(
-            self.max_pairs_per_cluster, f"{key}.max_pairs_per_cluster", 1, allow_none=True
-        )
+    top_k: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="a sentence's nearest neighbours (by cosine) linked to it in its "
+            "document's graph; at least the document's length - 1: one cluster per document",
+        ),
+    ] = 1
+    # False is the rule in DESIGN.md.
+    mutual: Annotated[
+        bool,
+        Field(
+            description="false: link i and j when j is among i's top_k or i among j's; true: "
+            "only when both hold (mutual kNN; can leave sentences alone)"
+        ),
+    ] = False
+    max_pairs_per_cluster: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="at most this many positive pairs per cluster, sampled with the seed; "
+            "null: every pair of every cluster",
+        ),
+    ] = None
+    # The annotator derives each document's seed from this one and the document's id.
+    seed: Annotated[Seed, Field(description="seed of the pair sampling of capped clusters")] = 0
 
 
 @dataclass
@@ -150,6 +167,8 @@ def cluster_by_similarity(
     seed: int = 0,
 ) -> IDCResult:
     """IDC on a precomputed (n, n) similarity matrix (the diagonal is ignored)."""
+    if max_pairs_per_cluster is not None and max_pairs_per_cluster < 1:
+        raise ValueError(f"max_pairs_per_cluster must be ≥ 1 or None, got {max_pairs_per_cluster}")
     adjacency = neighbour_graph(similarity, top_k, mutual)
     n = adjacency.shape[0]
     if n == 0:
@@ -184,7 +203,6 @@ def intra_document_clusters(
     document's sampled pairs do not depend on which batch or actor it landed in).
     """
     config = config or IDCConfig()
-    config.validate()
     embeddings = np.asarray(embeddings, dtype=np.float64)
     if embeddings.ndim != 2:
         raise ValueError(f"embeddings must be (n, d), got shape {embeddings.shape}")

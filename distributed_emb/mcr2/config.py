@@ -5,20 +5,18 @@ Every setting of ``jobs/train_mcr2.py`` is declared here; ``--help`` lists them 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
+from pydantic import Field
+
+from distributed_emb.checks import require
 from distributed_emb.config import (
-    ConfigError,
     LoggingConfig,
     RayConfig,
     require_model_dir,
-    require_range,
-    require_seed,
     require_sources,
-    validate_logging_config,
-    validate_mcr2_loss,
     validate_ray_config,
 )
 from distributed_emb.evaluation.transfer import TransferConfig
@@ -26,76 +24,139 @@ from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConf
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
-from distributed_emb.model.compression_head import ACTIVATIONS
+from distributed_emb.settings import Seed, section
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
 # Opt-in: fine-tunes the encoder, then re-embeds every evaluation set (mcr2/matryoshka.py).
 OPT_IN_BASELINES = ("matryoshka",)
 
+# The names of model/compression_head.py ACTIVATIONS (a test checks they agree).
+Activation = Literal["relu", "gelu", "tanh", "silu", "identity"]
 
-@dataclass
+
+@section
 class HeadConfig:
     # [] is a linear head (one Dense): on MiniLM + the shipped data it beat [512] and [1024]
     # MLPs on STS-B dev at 64 and 128 dims (docs/MCR2.md, "Choosing the defaults").
-    hidden_dims: list[int] = field(default_factory=list)
-    activation: str = "gelu"
-    dropout: float = 0.0
-    # Where the head starts: pca (a linear head at the PCA map of the training vectors, so
-    # epoch 0, which selection may keep, is the PCA baseline), random (PyTorch's init), or
-    # auto: pca for a linear head, random for an MLP.
-    init: Literal["auto", "pca", "random"] = "auto"
+    hidden_dims: Annotated[
+        list[Annotated[int, Field(ge=1)]],
+        Field(
+            description="the widths of the head's hidden layers; []: a linear head (one Dense "
+            "layer)"
+        ),
+    ] = field(default_factory=list)
+    activation: Annotated[
+        Activation, Field(description="the activation between the head's layers")
+    ] = "gelu"
+    dropout: Annotated[
+        float,
+        Field(ge=0, lt=1, description="dropout after each hidden activation (training only)"),
+    ] = 0.0
+    # pca makes epoch 0, which selection may keep, the PCA baseline exactly. pca with hidden
+    # layers is refused in MCR2Config.validate().
+    init: Annotated[
+        Literal["auto", "pca", "random"],
+        Field(
+            description="where the head starts: pca (a linear head at the PCA map of the "
+            "training vectors), random (PyTorch's init); auto: pca for a linear head, random "
+            "for an MLP"
+        ),
+    ] = "auto"
 
     def starts_at_pca(self) -> bool:
         return self.init == "pca" or (self.init == "auto" and not self.hidden_dims)
 
 
-@dataclass
+@section
 class AssignmentConfig:
-    # column: Π from the sentences' id column (document id, IDC cluster, label);
-    # learned: a linear + softmax head over `num_clusters`, trained with the compression head.
-    source: Literal["column", "learned"] = "column"
-    num_clusters: int = 32
-    temperature: float = 1.0
+    source: Annotated[
+        Literal["column", "learned"],
+        Field(
+            description="the clusters Π of R_c: column (the sentences' id column: document id, "
+            "IDC cluster, label) or learned (a linear + softmax head over num_clusters, "
+            "trained with the compression head)"
+        ),
+    ] = "column"
+    num_clusters: Annotated[
+        int, Field(ge=2, description="learned: the number of soft clusters")
+    ] = 32
+    temperature: Annotated[
+        float, Field(gt=0, description="learned: τ of the assignment softmax(W·z / τ)")
+    ] = 1.0
 
 
-@dataclass
+@section
 class HeadTrainingConfig:
-    epochs: int = 30
-    batch_size: int = 512  # sentences per MCR² batch (rows of Z)
-    pair_batch_size: int = 256  # similar pairs per step for the pair term
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    seed: int = 0
-    # Threads for head training in this process. 1 on a shared 2-core machine: the head's
-    # small matmuls gain little from 2, and OpenMP barriers stall badly when cores are busy.
-    torch_threads: int = 1
-
-
-@dataclass
-class CompressionEvalConfig:
-    # A SentEval data/downstream dir (None: the shipped STS-B only). Its dev sets select the
-    # best epoch (STS-B dev, and SICK-R dev where it holds SICK: their mean); every STS,
-    # transfer and retrieval task present in it is reported.
-    senteval_dir: str | None = None
-    # More data/downstream dirs to evaluate on (e.g. one holding STS12–16): each task is read
-    # from the first dir, senteval_dir first, that holds it. Selection stays on senteval_dir.
-    extra_senteval_dirs: list[str] = field(default_factory=list)
-    tasks: list[Literal["sts", "transfer", "retrieval"]] = field(
-        default_factory=lambda: ["sts", "transfer", "retrieval"]
+    epochs: Annotated[
+        int,
+        Field(ge=1, description="passes over the training sentences (the best epoch is kept)"),
+    ] = 30
+    batch_size: Annotated[int, Field(ge=2, description="sentences per MCR² batch (rows of Z)")] = (
+        512
     )
-    # Retrieval queries/positives: STS-B test pairs scored ≥ this, searched among all of them.
-    retrieval_min_score: float = 4.0
-    # SentEval's transfer protocol; 5 folds (SimCSE's "fasttest") instead of 10, because every
-    # method is evaluated: the nested cross-validation is ~600 fits per task and method.
+    pair_batch_size: Annotated[
+        int, Field(ge=1, description="similar pairs per step for the pair term")
+    ] = 256
+    learning_rate: Annotated[float, Field(gt=0, description="AdamW learning rate")] = 1e-3
+    weight_decay: Annotated[float, Field(ge=0, description="AdamW weight decay")] = 0.0
+    seed: Annotated[
+        Seed, Field(description="seed of the head's initialisation and batch order")
+    ] = 0
+    # 1 on a shared 2-core machine: the head's small matmuls gain little from 2, and OpenMP
+    # barriers stall badly when cores are busy.
+    torch_threads: Annotated[
+        int, Field(ge=1, description="torch threads for head training in this process")
+    ] = 1
+
+
+@section
+class CompressionEvalConfig:
+    # Its dev sets select the best epoch (STS-B dev, and SICK-R dev where it holds SICK: their
+    # mean).
+    senteval_dir: Annotated[
+        str | None,
+        Field(
+            description="a SentEval data/downstream directory: its dev sets select the best "
+            "epoch, and every STS, transfer and retrieval task in it is reported; null: the "
+            "shipped STS-B only"
+        ),
+    ] = None
+    extra_senteval_dirs: Annotated[
+        list[str],
+        Field(
+            description="more data/downstream directories to evaluate on (e.g. one holding "
+            "STS12-16): each task is read from the first directory, senteval_dir first, that "
+            "holds it; selection stays on senteval_dir"
+        ),
+    ] = field(default_factory=list)
+    tasks: Annotated[
+        list[Literal["sts", "transfer", "retrieval"]],
+        Field(description="the task groups evaluated for every method and size"),
+    ] = field(default_factory=lambda: ["sts", "transfer", "retrieval"])
+    # STS-B gold scores run from 0 to 5: a bound outside selects nothing or everything.
+    retrieval_min_score: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=5,
+            description="STS-B test pairs scored at least this are the retrieval queries and "
+            "positives, searched among all of them",
+        ),
+    ] = 4.0
+    # 5 folds (SimCSE's "fasttest") instead of SentEval's 10, because every method is
+    # evaluated: the nested cross-validation is ~600 fits per task and method.
     transfer: TransferConfig = field(default_factory=lambda: TransferConfig(kfold=5))
 
 
-@dataclass
+@section
 class CompressionOutputConfig:
-    dir: str = "outputs/mcr2"  # results.json / .md, the exported models, run.log
+    dir: Annotated[
+        str,
+        Field(description="where results.json / .md, the exported models and run.log go"),
+    ] = "outputs/mcr2"
 
 
-@dataclass
+@section
 class MCR2Config:
     # Before the one vocabulary: the encoder was `encoder.`, head training `optim.` (its rate
     # `optim.lr`), the output directory `output_dir`.
@@ -107,12 +168,25 @@ class MCR2Config:
         "matryoshka.lr": "matryoshka.learning_rate",
     }
 
-    output_dims: list[int] = field(default_factory=lambda: [64, 128])
+    # At least one, no duplicates: validate().
+    output_dims: Annotated[
+        list[Annotated[int, Field(ge=1)]],
+        Field(description="the compressed sizes: one head (and export) per size"),
+    ] = field(default_factory=lambda: [64, 128])
     output: CompressionOutputConfig = field(default_factory=CompressionOutputConfig)
-    baselines: list[Literal["pca", "pca_whiten", "random", "full", "matryoshka"]] = field(
-        default_factory=lambda: list(BASELINES)
-    )
-    export: bool = True  # write encoder + best head as a SentenceTransformer dir per dim
+    baselines: Annotated[
+        list[Literal["pca", "pca_whiten", "random", "full", "matryoshka"]],
+        Field(
+            description="the methods compared with the heads in the same run (matryoshka, "
+            "opt-in, fine-tunes the encoder)"
+        ),
+    ] = field(default_factory=lambda: list(BASELINES))
+    export: Annotated[
+        bool,
+        Field(
+            description="write the encoder + best head as a SentenceTransformer directory per size"
+        ),
+    ] = True
     model: EncoderConfig = field(default_factory=EncoderConfig)  # the frozen encoder
     sentences: SentencesConfig = field(default_factory=SentencesConfig)
     pairs: PairsConfig = field(default_factory=PairsConfig)
@@ -132,28 +206,18 @@ class MCR2Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
-        def require(condition: bool, key: str, message: str) -> None:
-            if not condition:
-                raise ConfigError(f"{key}: {message}")
-
+        """What the declarations cannot say: checks of more than one setting, of a list as a
+        whole, and of the disk."""
         require(bool(self.output_dims), "output_dims", "give at least one output size")
-        for i, dim in enumerate(self.output_dims):
-            require_range(dim, f"output_dims[{i}]", 1)
         require(
             len(set(self.output_dims)) == len(self.output_dims), "output_dims", "has duplicates"
         )
         require(bool(self.output.dir.strip()), "output.dir", "is empty")
         e = self.model
         require_model_dir(e.path, "model.path")
-        require_range(e.max_seq_length, "model.max_seq_length", 4, allow_none=True)
-        require_range(e.batch_size, "model.batch_size", 1)
-        require_range(e.concurrency, "model.concurrency", 1)
-        require_range(e.torch_threads, "model.torch_threads", 1, allow_none=True)
         s, p = self.sentences, self.pairs
         if s.paths:
             require_sources(s.paths, "sentences.paths")
-        require_range(s.min_sentences, "sentences.min_sentences", 1)
-        require_seed(s.seed, "sentences.seed")
         if p.source == "file" and p.path:
             require_sources([p.path], "pairs.path")
         if p.source == "sts" and p.senteval_dir is not None:
@@ -162,37 +226,13 @@ class MCR2Config:
                 "pairs.senteval_dir",
                 f"{p.senteval_dir} is not a directory",
             )
-        # STS-B and SICK gold scores run from 0 to 5: a bound outside selects nothing or all.
-        require_range(p.min_score, "pairs.min_score", 0, 5)
-        require_seed(p.seed, "pairs.seed")
-
-        a = self.assignments
-        require_range(a.num_clusters, "assignments.num_clusters", 2)
-        require_range(a.temperature, "assignments.temperature", 0, low_open=True)
+        p.validate()
         h = self.head
-        require(
-            self.head.activation in ACTIVATIONS, "head.activation", f"one of {list(ACTIVATIONS)}"
-        )
-        for i, hidden in enumerate(h.hidden_dims):
-            require_range(hidden, f"head.hidden_dims[{i}]", 1)
-        require_range(h.dropout, "head.dropout", 0, 1, high_open=True)
-        require(
-            h.init in ("auto", "pca", "random"), "head.init", f"auto, pca or random, not {h.init!r}"
-        )
         require(
             h.init != "pca" or not h.hidden_dims,
             "head.init",
             "pca starts a linear head; with head.hidden_dims set use auto or random",
         )
-        validate_mcr2_loss(self.loss, "loss")
-        o = self.train
-        require_range(o.epochs, "train.epochs", 1)
-        require_range(o.batch_size, "train.batch_size", 2)
-        require_range(o.pair_batch_size, "train.pair_batch_size", 1)
-        require_range(o.learning_rate, "train.learning_rate", 0, low_open=True)
-        require_range(o.weight_decay, "train.weight_decay", 0)
-        require_seed(o.seed, "train.seed")
-        require_range(o.torch_threads, "train.torch_threads", 1)
         ev = self.eval
         if ev.senteval_dir is not None:
             require(
@@ -206,30 +246,8 @@ class MCR2Config:
                 f"eval.extra_senteval_dirs[{i}]",
                 f"{directory} is not a directory",
             )
-        require_range(ev.retrieval_min_score, "eval.retrieval_min_score", 0, 5)
-        tr = ev.transfer
-        require_range(tr.kfold, "eval.transfer.kfold", 2)
-        require_seed(tr.seed, "eval.transfer.seed")
-        require_range(tr.max_iter, "eval.transfer.max_iter", 1)
-        for name in ("inner_kfold_c", "kfold_c"):
-            grid = getattr(tr, name)
-            require(bool(grid), f"eval.transfer.{name}", "give at least one C")
-            for i, c in enumerate(grid):
-                require_range(c, f"eval.transfer.{name}[{i}]", 0, low_open=True)
+        ev.transfer.validate("eval.transfer")
         m = self.matryoshka
-        require_range(m.steps, "matryoshka.steps", 1)
-        require_range(m.batch_size, "matryoshka.batch_size", 2)
-        require_range(m.learning_rate, "matryoshka.learning_rate", 0, low_open=True)
-        require_seed(m.seed, "matryoshka.seed")
         if "matryoshka" in self.baselines and m.positives == "pairs":
             require(self.pairs.source != "none", "matryoshka.positives", "pairs needs pairs")
         validate_ray_config(self.ray)
-        validate_logging_config(self.logging)
-        for section, check in (("sentences", self.sentences), ("pairs", self.pairs)):
-            try:
-                check.validate()
-            except ValueError as error:
-                message = str(error)
-                raise ConfigError(
-                    message if message.startswith(section) else f"{section}: {message}"
-                ) from error

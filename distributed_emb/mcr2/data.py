@@ -23,17 +23,19 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
-from distributed_emb.config import require_range, require_seed
+from distributed_emb.checks import require
 from distributed_emb.data.corpus import read_rows
 from distributed_emb.data.documents import DocumentsConfig, read_documents_locally
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.mcr2.assignments import cluster_ids_from_column
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
+from distributed_emb.settings import Seed, section
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +45,58 @@ SHIPPED_DOCUMENTS = (
 )
 
 
-@dataclass
+@section
 class SentencesConfig:
-    # Document sources for data/documents.py (JSONL, Parquet, HF); None: every shipped
-    # document corpus, wiki_documents.jsonl (97 Wikipedia articles, 17,891 sentences, the
-    # sentences of wiki_sentences.txt) and lee_documents.jsonl (300 news documents).
-    paths: list[str] | None = None
-    id_column: str = "id"  # the cluster column: document id, IDC cluster id, label, ...
-    sentences_column: str = "sentences"  # a list of sentences per row ...
-    text_column: str = "text"  # ... or a text, split into sentences
-    hf_split: str = "train"
+    # The shipped wiki_documents.jsonl is 97 Wikipedia articles, 17,891 sentences (those of
+    # wiki_sentences.txt); lee_documents.jsonl is 300 news documents.
+    paths: Annotated[
+        list[str] | None,
+        Field(
+            description="the document corpora the head trains on (data/documents.py: JSONL, "
+            "Parquet, Hugging Face datasets, s3:// or gs:// URIs, globs); null: every shipped "
+            "document corpus (Wikipedia articles and Lee news)"
+        ),
+    ] = None
+    id_column: Annotated[
+        str,
+        Field(
+            description="the cluster column: a document id, IDC cluster id or label; rows "
+            "with the same value are one cluster of R_c"
+        ),
+    ] = "id"
+    sentences_column: Annotated[
+        str, Field(description="the field holding a row's list of sentences (used when present)")
+    ] = "sentences"
+    text_column: Annotated[
+        str,
+        Field(
+            description="the field holding a row's text, split into sentences when it has no "
+            "sentences list"
+        ),
+    ] = "text"
+    hf_split: Annotated[str, Field(description="the split of a Hugging Face dataset")] = "train"
     # One-sentence documents are kept: a singleton cluster adds a constant to R_c, no harm.
-    min_sentences: int = 1
-    # Sample at most this many sentences per cluster (None: all, the default: a head trained
-    # on more of the corpus generalises better, and the vectors are cached after one pass).
-    max_per_cluster: int | None = None
-    max_sentences: int | None = None  # overall cap after the per-cluster one (None: all)
-    seed: int = 0
+    min_sentences: Annotated[
+        int, Field(ge=1, description="documents with fewer sentences are dropped and counted")
+    ] = 1
+    # All by default: a head trained on more of the corpus generalises better, and the vectors
+    # are cached after one pass.
+    max_per_cluster: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="sample at most this many sentences per cluster (with seed); null: all",
+        ),
+    ] = None
+    max_sentences: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="sample at most this many sentences overall, after the per-cluster cap; "
+            "null: all",
+        ),
+    ] = None
+    seed: Annotated[Seed, Field(description="seed of the sentence sampling of both caps")] = 0
 
     def documents(self) -> DocumentsConfig:
         return DocumentsConfig(
@@ -71,44 +108,81 @@ class SentencesConfig:
             min_sentences=self.min_sentences,
         )
 
-    def validate(self) -> None:
-        self.documents().validate()
-        for name in ("max_per_cluster", "max_sentences"):
-            require_range(getattr(self, name), f"sentences.{name}", 1, allow_none=True)
 
-
-@dataclass
+@section
 class PairsConfig:
-    # idc: label-free pairs from the training documents (the default); sts: STS train pairs
-    # with gold score ≥ min_score (labels); file; dropout; none. See the module docstring.
-    source: Literal["idc", "sts", "file", "dropout", "none"] = "idc"
-    # idc: InfoCSE's IDC graph (j among i's top_k neighbours or i among j's, ``mutual``: both)
-    # over each document's sentences; at most this many pairs per cluster (None: all).
-    idc_top_k: int = 1
-    idc_mutual: bool = False
-    idc_max_pairs_per_cluster: int | None = 10
-    # sts: a SentEval data/downstream dir (None: the shipped STS-B), which sets, which score.
-    senteval_dir: str | None = None
-    sts_sets: list[Literal["STSB", "SICK"]] = field(default_factory=lambda: ["STSB"])
-    min_score: float = 4.0
-    # file: a pairs table (JSONL / Parquet / HF dataset dir).
-    path: str | None = None
-    anchor_column: str = "anchor"
-    positive_column: str = "positive"
-    # Any source: at most this many pairs, sampled with `seed` (None: all).
-    max_pairs: int | None = None
-    seed: int = 0
+    # See the module docstring for each source.
+    source: Annotated[
+        Literal["idc", "sts", "file", "dropout", "none"],
+        Field(
+            description="the similar pairs of the pair term: idc (label-free, InfoCSE's "
+            "intra-document clustering of the training documents), sts (STS train pairs with "
+            "gold score >= min_score), file (a pairs table), dropout (two dropout views of "
+            "training sentences), none (no pair term)"
+        ),
+    ] = "idc"
+    # IDC's graph over each document's sentences: j among i's top_k neighbours or i among j's.
+    idc_top_k: Annotated[
+        int,
+        Field(ge=1, description="idc: the nearest neighbours linked to each sentence"),
+    ] = 1
+    idc_mutual: Annotated[
+        bool,
+        Field(
+            description="idc: link i and j only when each is among the other's top_k (mutual "
+            "kNN); false: when either is"
+        ),
+    ] = False
+    idc_max_pairs_per_cluster: Annotated[
+        int | None,
+        Field(ge=1, description="idc: at most this many pairs per IDC cluster; null: all"),
+    ] = 10
+    senteval_dir: Annotated[
+        str | None,
+        Field(
+            description="sts: a SentEval data/downstream directory holding the STS sets; null: "
+            "the shipped STS-B"
+        ),
+    ] = None
+    # Not empty when source is sts: validate().
+    sts_sets: Annotated[
+        list[Literal["STSB", "SICK"]],
+        Field(description="sts: the sets whose train pairs are read (STSB, SICK)"),
+    ] = field(default_factory=lambda: ["STSB"])
+    # STS-B and SICK gold scores run from 0 to 5: a bound outside selects nothing or all.
+    min_score: Annotated[
+        float,
+        Field(ge=0, le=5, description="sts: the least gold score of a pair kept"),
+    ] = 4.0
+    # Required when source is file: validate().
+    path: Annotated[
+        str | None,
+        Field(
+            description="file: the pairs table (JSONL, Parquet or a Hugging Face dataset directory)"
+        ),
+    ] = None
+    anchor_column: Annotated[str, Field(description="file: the anchor field")] = "anchor"
+    positive_column: Annotated[str, Field(description="file: the positive field")] = "positive"
+    max_pairs: Annotated[
+        int | None,
+        Field(ge=1, description="any source: sample at most this many pairs; null: all"),
+    ] = None
+    seed: Annotated[
+        Seed, Field(description="seed of the pair sampling (max_pairs, IDC's caps)")
+    ] = 0
 
     def validate(self) -> None:
-        if self.source == "file" and not self.path:
-            raise ValueError("pairs.path is required when pairs.source is 'file'")
-        if self.source == "sts" and not self.sts_sets:
-            raise ValueError("pairs.sts_sets is empty")
-        require_range(self.idc_top_k, "pairs.idc_top_k", 1)
-        cap = self.idc_max_pairs_per_cluster
-        require_range(cap, "pairs.idc_max_pairs_per_cluster", 1, allow_none=True)
-        require_range(self.max_pairs, "pairs.max_pairs", 1, allow_none=True)
-        require_seed(self.seed, "pairs.seed")
+        """What the declarations cannot say: the settings a source needs are given."""
+        require(
+            self.source != "file" or bool(self.path),
+            "pairs.path",
+            "is required when pairs.source is 'file'",
+        )
+        require(
+            self.source != "sts" or bool(self.sts_sets),
+            "pairs.sts_sets",
+            "is empty; pairs.source 'sts' reads at least one of STSB, SICK",
+        )
 
 
 @dataclass
@@ -152,7 +226,6 @@ class SimilarPairs:
 
 def load_training_sentences(config: SentencesConfig) -> TrainingSentences:
     """Sentences and their cluster ids, with per-cluster and overall caps applied."""
-    config.validate()
     documents_config = config.documents()
     documents, report = read_documents_locally(documents_config, log=False)
     if not documents:

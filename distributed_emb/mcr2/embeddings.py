@@ -23,36 +23,59 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from distributed_emb.model.embedder import make_encoder, use_encoding_pool
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
 from distributed_emb.paths import default_model_path
+from distributed_emb.settings import section
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 1
 
 
-@dataclass
+@section
 class EncoderConfig:
-    path: str | None = None  # None: the packaged all-MiniLM-L6-v2
-    # None reads `path` as a sentence-transformers directory as saved; else our pooler names.
-    pooler: Literal["cls", "cls_before_pooler", "mean"] | None = "mean"
-    max_seq_length: int | None = 128
-    batch_size: int = 128
-    # auto: a Ray Data actor pool when joining a cluster or concurrency > 1, else this process
-    # with the same model and batching (model/embedder.py use_encoding_pool); true/false force.
-    use_ray: bool | Literal["auto"] = "auto"
-    concurrency: int = 1  # encoding actors
-    # Threads per encoding actor; Ray would give a 1-CPU actor one thread. None: Ray's choice.
-    torch_threads: int | None = None
-    cache_dir: str = "outputs/embedding_cache"
+    path: Annotated[
+        str | None,
+        Field(
+            description="the frozen encoder: a Hugging Face or sentence-transformers directory, "
+            "or a hub name; null: the packaged all-MiniLM-L6-v2"
+        ),
+    ] = None
+    pooler: Annotated[
+        Literal["cls", "cls_before_pooler", "mean"] | None,
+        Field(
+            description="the sentence vector (our pooler names); null: read model.path as a "
+            "sentence-transformers directory as saved"
+        ),
+    ] = "mean"
+    max_seq_length: Annotated[
+        int | None, Field(ge=4, description="tokens per sentence; null: the model's own limit")
+    ] = 128
+    batch_size: Annotated[int, Field(ge=1, description="sentences per encoding batch")] = 128
+    # model/embedder.py use_encoding_pool.
+    use_ray: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="encode in a Ray Data actor pool; auto: when joining a cluster or "
+            "model.concurrency > 1, else in this process with the same model and batching"
+        ),
+    ] = "auto"
+    concurrency: Annotated[int, Field(ge=1, description="encoding actors")] = 1
+    # Ray would give a 1-CPU actor one thread.
+    torch_threads: Annotated[
+        int | None, Field(ge=1, description="threads per encoding actor; null: Ray's choice")
+    ] = None
+    cache_dir: Annotated[
+        str, Field(description="where the frozen encoder's embeddings are cached")
+    ] = "outputs/embedding_cache"
 
     def model_path(self) -> str:
         if self.path is not None:

@@ -18,25 +18,33 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
+from distributed_emb.settings import Seed, section
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@section
 class MatryoshkaConfig:
-    steps: int = 200  # optimiser steps (the budget)
-    batch_size: int = 64  # pairs per step: in-batch negatives for MNRL
-    learning_rate: float = 2e-5
-    # pairs: the run's similar pairs (IDC by default); dropout: each training sentence with
-    # itself, the two passes differing by dropout (SimCSE's unsupervised recipe).
-    positives: Literal["pairs", "dropout"] = "pairs"
-    seed: int = 0
+    steps: Annotated[int, Field(ge=1, description="optimiser steps (the budget)")] = 200
+    batch_size: Annotated[
+        int, Field(ge=2, description="pairs per step: in-batch negatives for MNRL")
+    ] = 64
+    learning_rate: Annotated[float, Field(gt=0, description="AdamW learning rate")] = 2e-5
+    positives: Annotated[
+        Literal["pairs", "dropout"],
+        Field(
+            description="pairs: the run's similar pairs (IDC by default); dropout: each training "
+            "sentence with itself, two passes differing by dropout (SimCSE's unsupervised recipe)"
+        ),
+    ] = "pairs"
+    seed: Annotated[Seed, Field(description="seed of the fine-tuning")] = 0
 
 
 @dataclass

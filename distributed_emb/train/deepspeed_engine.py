@@ -121,8 +121,8 @@ class DeepSpeedEngine:
         self.device = device
         self.config = deepspeed_config(train_config)
         self.zero_stage = self.config["zero_optimization"]["stage"]
-        optimizer = build_optimizer(module, train_config.learning_rate, train_config.weight_decay)
-        scheduler = build_scheduler(optimizer, total_steps, train_config.warmup_ratio)
+        optimizer = build_optimizer(module, train_config)
+        scheduler = build_scheduler(optimizer, total_steps, train_config)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.config
         )

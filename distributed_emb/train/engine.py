@@ -100,12 +100,9 @@ class DDPEngine:
         else:
             self.forward_module = self.module
         self.optimizer = build_optimizer(
-            self.module,
-            train_config.learning_rate,
-            train_config.weight_decay,
-            fused=device.type in FUSED_ADAMW_DEVICES,
+            self.module, train_config, fused=device.type in FUSED_ADAMW_DEVICES
         )
-        self.scheduler = build_scheduler(self.optimizer, total_steps, train_config.warmup_ratio)
+        self.scheduler = build_scheduler(self.optimizer, total_steps, train_config)
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from distributed_emb.config import TrainLoopConfig
+
 
 def build_optimizer(
-    module: nn.Module, learning_rate: float, weight_decay: float, fused: bool = False
+    module: nn.Module, train: TrainLoopConfig, fused: bool = False
 ) -> torch.optim.AdamW:
-    """AdamW; `fused=True` updates all parameters in one kernel (on CPU ~8× faster than the
-    default per-parameter loop for MiniLM, see docs/BENCHMARKS.md), same math."""
+    """AdamW with the `train` settings; `fused=True` updates all parameters in one kernel (on
+    CPU ~8× faster than the default per-parameter loop for MiniLM, see docs/BENCHMARKS.md),
+    same math."""
     # No decay on biases and LayerNorm weights (BERT/SimCSE convention).
     decay, no_decay = [], []
     for name, parameter in module.named_parameters():
@@ -19,20 +22,21 @@ def build_optimizer(
             continue
         (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
+        {"params": decay, "weight_decay": train.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=learning_rate, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=train.learning_rate, fused=fused or None)
 
 
-def build_scheduler(optimizer, total_steps: int, warmup_ratio: float):
-    """Linear warm-up then linear decay to 0 over `total_steps` optimizer steps.
+def build_scheduler(optimizer, total_steps: int, train: TrainLoopConfig):
+    """Linear warm-up (train.warmup_ratio of the steps) then linear decay to 0 over
+    `total_steps` optimizer steps.
 
     Not transformers' `get_linear_schedule_with_warmup`: that one starts the warm-up at a
     learning rate of 0 (step / warmup), this one at 1 / warmup ((step + 1) / warmup), so the
     first optimizer step already learns; after the warm-up the two are the same.
     """
-    warmup = int(total_steps * warmup_ratio)
+    warmup = int(total_steps * train.warmup_ratio)
 
     def factor(step: int) -> float:
         if step < warmup:

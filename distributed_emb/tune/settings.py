@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import copy
 import math
-import typing
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import field
+from typing import Annotated, Any, Literal
 
-from distributed_emb.config import (
-    ConfigError,
-    TrainingConfig,
-    require_range,
-    require_seed,
-    training_sections,
-)
+from pydantic import Field
+
+from distributed_emb.config import ConfigError, TrainingConfig, training_sections
+from distributed_emb.settings import Seed, section
 from distributed_emb.tune.search_space import DEFAULT_SEARCH_SPACE, Distribution, parse_search_space
 
 
@@ -28,36 +24,103 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
-@dataclass
+@section
 class TuneSettings:
-    num_samples: int = 4  # trials (times the grid size when a key is of type grid)
-    # random: Tune's BasicVariantGenerator (random sampling; grid keys are crossed).
-    # optuna: OptunaSearch (TPE), which learns from finished trials; no grid keys.
-    searcher: typing.Literal["random", "optuna"] = "random"
-    # asha: stop trials whose STS-B dev is in the bottom (1 − 1/reduction_factor) at a rung.
-    # fifo: run every trial to the end.
-    scheduler: typing.Literal["asha", "fifo"] = "asha"
-    # ASHA's clock: optimizer steps (every trial is judged after the same number of steps),
-    # or training_iteration (the number of reports: 1 is the step-0 evaluation).
-    time_attr: typing.Literal["step", "training_iteration"] = "step"
-    grace_period: int | None = None  # None: the first evaluation after step 0
-    reduction_factor: float = 2.0
-    max_t: int | None = None  # None: train.max_steps (or its number of reports)
-    max_concurrent_trials: int | None = None  # None: as many as the cluster's resources fit
-    # Tune-level retries of a trial whose driver or Train run failed; a retried trial resumes
-    # from its last Train checkpoint. Exhausted retries mark the trial errored; the search
-    # goes on with the others either way.
-    max_failures: int = 0
-    seed: int | None = 0  # searcher seed (None: not reproducible)
-    export_best: bool = True  # export the best trial's best checkpoint as a model
-    plots: bool = True
-    # Continue the search already in output.dir, with the config saved there (--resume).
-    resume: bool = False
+    num_samples: Annotated[
+        int,
+        Field(ge=1, description="trials (times the grid size when a key is of type grid)"),
+    ] = 4
+    searcher: Annotated[
+        Literal["random", "optuna"],
+        Field(
+            description="random: Tune's BasicVariantGenerator (random sampling; grid keys are "
+            "crossed); optuna: OptunaSearch (TPE), which learns from finished trials; no grid "
+            "keys"
+        ),
+    ] = "random"
+    scheduler: Annotated[
+        Literal["asha", "fifo"],
+        Field(
+            description="asha: stop trials whose STS-B dev is in the bottom "
+            "(1 - 1/reduction_factor) at a rung; fifo: run every trial to the end"
+        ),
+    ] = "asha"
+    time_attr: Annotated[
+        Literal["step", "training_iteration"],
+        Field(
+            description="ASHA's clock: optimizer steps (every trial is judged after the same "
+            "number of steps), or training_iteration (the number of reports: 1 is the step-0 "
+            "evaluation)"
+        ),
+    ] = "step"
+    grace_period: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="ASHA's first rung, in tune.time_attr units; null: the first "
+            "evaluation after step 0",
+        ),
+    ] = None
+    reduction_factor: Annotated[
+        float,
+        Field(gt=1, description="ASHA keeps 1/reduction_factor of the trials at each rung"),
+    ] = 2.0
+    max_t: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="ASHA's last rung, in tune.time_attr units; null: train.max_steps (or "
+            "its number of reports)",
+        ),
+    ] = None
+    max_concurrent_trials: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="trials run at once; null: as many as the cluster's resources fit",
+        ),
+    ] = None
+    # Exhausted retries mark the trial errored; the search goes on with the others either way.
+    max_failures: Annotated[
+        int,
+        Field(
+            ge=-1,
+            description="Tune-level retries of a trial whose driver or Train run failed, each "
+            "resuming from its last Train checkpoint (-1: unlimited)",
+        ),
+    ] = 0
+    seed: Annotated[
+        Seed | None, Field(description="the searcher's seed; null: not reproducible")
+    ] = 0
+    export_best: Annotated[
+        bool,
+        Field(description="export the best trial's best checkpoint as a model (best_model/)"),
+    ] = True
+    plots: Annotated[
+        bool,
+        Field(description="plots of STS-B dev against each searched key, and learning curves"),
+    ] = True
+    resume: Annotated[
+        bool,
+        Field(
+            description="continue the search already in output.dir, with the config saved "
+            "there (--resume)"
+        ),
+    ] = False
 
 
-@dataclass
+@section
 class SearchJobConfig(TrainingConfig):
-    search: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_SEARCH_SPACE))
+    # Checked by parse_search_space (validate()): every key a searchable setting, every
+    # candidate value one its declaration takes.
+    search: Annotated[
+        dict[str, Any],
+        Field(
+            description="the search space: dotted config key → {type: loguniform|uniform, "
+            "low, high} or {type: choice|grid, values: [...]}; null for a key: not searched "
+            "(docs/TUNE.md); given, it replaces the built-in space as a whole"
+        ),
+    ] = field(default_factory=lambda: copy.deepcopy(DEFAULT_SEARCH_SPACE))
     tune: TuneSettings = field(default_factory=TuneSettings)
 
     def base(self) -> TrainingConfig:
@@ -68,15 +131,9 @@ class SearchJobConfig(TrainingConfig):
         return parse_search_space(self.search, self.base())
 
     def validate(self) -> None:
+        """The checks that read more than one setting (the ranges are declared)."""
         super().validate()
         t = self.tune
-        require_range(t.num_samples, "tune.num_samples", 1)
-        require_range(t.grace_period, "tune.grace_period", 1, allow_none=True)
-        require_range(t.reduction_factor, "tune.reduction_factor", 1, low_open=True)
-        require_range(t.max_t, "tune.max_t", 1, allow_none=True)
-        require_range(t.max_concurrent_trials, "tune.max_concurrent_trials", 1, allow_none=True)
-        require_range(t.max_failures, "tune.max_failures", -1, why="-1: unlimited")
-        require_seed(t.seed, "tune.seed", allow_none=True)
         # Trials are laid out together by the search's resource plan, with the workers and
         # batch each trial is given (or searches): a per-trial automatic layout would change
         # the batch size the searcher thinks it chose.

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from distributed_emb.checks import ConfigError
 from distributed_emb.data.documents import (
     DROP_REASONS,
     DocumentsConfig,
@@ -16,6 +17,7 @@ from distributed_emb.data.documents import (
     split_sentences,
 )
 from distributed_emb.data.sources import CorpusError
+from distributed_emb.settings import build
 
 # (line, expected drop reason or None when kept)
 JSONL_CASES: list[tuple[bytes, str | None]] = [
@@ -186,5 +188,8 @@ def test_bad_sources_raise(tmp_path):
     (tmp_path / "notes.md").write_text("x")
     with pytest.raises(CorpusError, match="notes.md"):
         read(tmp_path / "notes.md")
-    with pytest.raises(ValueError, match="min_sentences"):
-        DocumentsConfig(min_sentences=0).validate()
+    # The section's ranges are its declarations (distributed_emb/settings.py).
+    with pytest.raises(ConfigError, match=r"^min_sentences: must be >= 1, got 0 — documents"):
+        build(DocumentsConfig, {"min_sentences": 0})
+    with pytest.raises(ConfigError, match=r"^documents\.paths: is empty"):
+        read_documents_locally(DocumentsConfig(paths=[]), log=False)

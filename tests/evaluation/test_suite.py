@@ -6,16 +6,23 @@ import hashlib
 import json
 import re
 import shutil
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from distributed_emb.config import ConfigError
+from distributed_emb.config import ConfigError, load_config
 from distributed_emb.evaluation.report import format_results, write_results
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
-from distributed_emb.evaluation.suite import EvaluationConfig, evaluate, resolve_tasks
+from distributed_emb.evaluation.suite import (
+    EncodeSettings,
+    EvaluationConfig,
+    evaluate,
+    resolve_tasks,
+)
 from distributed_emb.evaluation.transfer import TransferConfig
+from distributed_emb.model.sentence_transformer import POOLERS
 from distributed_emb.paths import shipped_senteval_dir
 
 
@@ -49,18 +56,47 @@ def test_resolve_tasks_groups_names_and_comma_lists():
 
 
 def test_config_validation_names_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="tasks: unknown task"):
+    with pytest.raises(ConfigError, match="^tasks: unknown task 'bogus'"):
         EvaluationConfig(tasks=["sts,bogus"]).validate()
-    with pytest.raises(ConfigError, match="encode.pooler"):
-        _bad_pooler().validate()
-    with pytest.raises(ConfigError, match="model:"):
+    with pytest.raises(ConfigError, match=r"^model: .*nope is not a model directory"):
         EvaluationConfig(model=str(tmp_path / "nope")).validate()
+    with pytest.raises(ConfigError, match=r"^retrieval.ks: is empty; give at least one k >= 1"):
+        load_config(EvaluationConfig, None, ["retrieval.ks=[]"])
+    with pytest.raises(ConfigError, match=r"^transfer.kfold_c: give at least one C"):
+        load_config(EvaluationConfig, None, ["transfer.kfold_c=[]"])
 
 
-def _bad_pooler() -> EvaluationConfig:
-    config = EvaluationConfig()
-    config.encode.pooler = "max"
-    return config
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "encode.pooler=max",
+            "encode.pooler: expected one of ['cls', 'cls_before_pooler', 'mean'] or null, "
+            "got 'max'",
+        ),
+        ("encode.batch_size=0", "encode.batch_size: must be >= 1, got 0 — sentences per"),
+        ("encode.concurrency=0", "encode.concurrency: must be >= 1, got 0 — encoding actors"),
+        ("encode.max_seq_length=2", "encode.max_seq_length: must be >= 4 or null, got 2 — "),
+        ("encode.use_ray=maybe", "encode.use_ray: expected true or false or 'auto', got 'maybe'"),
+        ("encode.torch_threads=0", "encode.torch_threads: must be >= 1 or null, got 0 — "),
+        ("retrieval.ks=[1, 0]", "retrieval.ks[1]: must be >= 1, got 0 — the k of each"),
+        ("retrieval.threshold=6", "retrieval.threshold: must be in [0, 5], got 6 — STS-B test"),
+        ("transfer.kfold=1", "transfer.kfold: must be >= 2, got 1 — folds of the"),
+        ("transfer.seed=-1", "transfer.seed: must be in [0, 4294967295], got -1"),
+        ("encode.batch_size='8'", "encode.batch_size: expected an integer, got '8'"),
+        ("encode.poolr=mean", "unknown config key 'encode.poolr'; known keys: ['batch_size', "),
+    ],
+)
+def test_config_declarations_name_the_key(override, message):
+    with pytest.raises(ConfigError) as error_info:
+        load_config(EvaluationConfig, None, [override])
+    assert str(error_info.value).startswith(message)
+
+
+def test_the_pooler_choices_are_the_models():
+    hint = typing.get_type_hints(EncodeSettings, include_extras=True)["pooler"]
+    choices = {a for arg in typing.get_args(typing.get_args(hint)[0]) for a in typing.get_args(arg)}
+    assert choices == set(POOLERS)
 
 
 def _tiny_senteval(tmp_path: Path) -> Path:

@@ -7,6 +7,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
+from distributed_emb.checks import ConfigError
 from distributed_emb.evaluation.senteval_data import ClassificationData, PairClassificationData
 from distributed_emb.evaluation.transfer import (
     TransferConfig,
@@ -19,6 +20,7 @@ from distributed_emb.evaluation.transfer import (
     mrpc_pair_features,
     senteval_order,
 )
+from distributed_emb.settings import build
 
 FAST = TransferConfig(kfold=3, inner_kfold_c=(0.25, 1.0, 4.0), kfold_c=(0.5, 2.0, 8.0))
 
@@ -139,7 +141,22 @@ def test_mrpc_wrapper_learns_pair_relation():
 
 
 def test_config_rejects_bad_values():
-    with pytest.raises(ValueError, match="kfold"):
-        TransferConfig(kfold=1)
-    with pytest.raises(ValueError, match="mrpc_features"):
-        TransferConfig(mrpc_features="concat")
+    # The section's ranges are its declarations (distributed_emb/settings.py).
+    with pytest.raises(ConfigError, match=r"^kfold: must be >= 2, got 1 — folds of the"):
+        build(TransferConfig, {"kfold": 1})
+    with pytest.raises(
+        ConfigError, match=r"^mrpc_features: expected one of \['senteval', 'full'\], got 'concat'"
+    ):
+        build(TransferConfig, {"mrpc_features": "concat"})
+    with pytest.raises(ConfigError, match=r"^kfold_c\[1\]: must be > 0, got 0 — C values"):
+        build(TransferConfig, {"kfold_c": [1.0, 0]})
+    with pytest.raises(ConfigError, match=r"^seed: must be in \[0, 4294967295\], got -1"):
+        build(TransferConfig, {"seed": -1})
+    with pytest.raises(ConfigError, match=r"^max_iter: must be >= 1, got 0"):
+        build(TransferConfig, {"max_iter": 0})
+    # An empty grid: the one check the declarations cannot make.
+    with pytest.raises(ConfigError, match=r"^eval.transfer.inner_kfold_c: give at least one C"):
+        build(TransferConfig, {"inner_kfold_c": []}).validate("eval.transfer")
+    built = build(TransferConfig, {"kfold_c": [0.5, 2]})
+    assert built.kfold_c == (0.5, 2.0)
+    built.validate()

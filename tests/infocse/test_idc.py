@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from distributed_emb.checks import ConfigError
 from distributed_emb.infocse.idc import (
     IDCConfig,
     _unrank_pairs,
@@ -14,6 +15,7 @@ from distributed_emb.infocse.idc import (
     intra_document_clusters,
     neighbour_graph,
 )
+from distributed_emb.settings import build
 
 
 def symmetric(n: int, entries: dict[tuple[int, int], float], background: float = 0.0):
@@ -185,9 +187,14 @@ def test_bad_inputs_raise():
         cluster_by_similarity(np.array([[1.0, np.nan], [np.nan, 1.0]]))
     with pytest.raises(ValueError, match="top_k"):
         cluster_by_similarity(np.eye(3), top_k=0)
-    with pytest.raises(ValueError, match="top_k"):
-        IDCConfig(top_k=0).validate()
     with pytest.raises(ValueError, match="max_pairs_per_cluster"):
-        IDCConfig(max_pairs_per_cluster=0).validate()
+        cluster_by_similarity(np.eye(3), max_pairs_per_cluster=0)
+    # The section's ranges are its declarations (distributed_emb/settings.py).
+    with pytest.raises(ConfigError, match=r"^top_k: must be >= 1, got 0 — a sentence's"):
+        build(IDCConfig, {"top_k": 0})
+    with pytest.raises(ConfigError, match=r"^max_pairs_per_cluster: must be >= 1 or null, got 0"):
+        build(IDCConfig, {"max_pairs_per_cluster": 0})
+    with pytest.raises(ConfigError, match=r"^seed: must be in \[0, 4294967295\], got -1"):
+        build(IDCConfig, {"seed": -1})
     with pytest.raises(ValueError, match="zero vector"):
         intra_document_clusters(np.array([[1.0, 0.0], [0.0, 0.0]]))

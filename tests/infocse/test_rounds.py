@@ -45,8 +45,28 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
 
 
 def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_data_dir):
-    with pytest.raises(ConfigError, match=r"rounds\.max_rounds"):
+    with pytest.raises(
+        ConfigError, match=r"^rounds\.max_rounds: must be >= 1, got 0 — annotate-and-train"
+    ):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.max_rounds=0"])
+    with pytest.raises(ConfigError, match=r"^annotation\.idc\.top_k: must be >= 1, got 0 — "):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["annotation.idc.top_k=0"])
+    with pytest.raises(ConfigError, match=r"^unknown config key 'annotation\.idc\.topk'"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["annotation.idc.topk=2"])
+    with pytest.raises(
+        ConfigError, match=r"^supervised\.source: expected one of \['stsb', 'sick'\], got 'x'"
+    ):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["supervised.source=x"])
+    with pytest.raises(ConfigError, match=r"^annotation\.pooler: expected one of \['cls', "):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["annotation.pooler=max"])
+    with pytest.raises(
+        ConfigError, match=r"^annotation\.num_cpus_per_actor: must be > 0 or null, got 0"
+    ):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["annotation.num_cpus_per_actor=0"])
+    with pytest.raises(ConfigError, match=r"^documents\.min_sentences: must be >= 1, got 0"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["documents.min_sentences=0"])
+    with pytest.raises(ConfigError, match=r"^documents\.paths: is empty"):
+        _config(tmp_path, tiny_bert_path, shared_data_dir, ["documents.paths=[]"])
     with pytest.raises(ConfigError, match=r"^loss\.temperature"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["loss.temperature=0"])
     with pytest.raises(ConfigError, match="documents.paths"):
@@ -140,9 +160,9 @@ def test_student_and_teacher_resolve_from_the_config(tmp_path, tiny_bert_path, s
     assert student == str(tmp_path / "student")
     assert AutoConfig.from_pretrained(student).num_hidden_layers == 1
     assert _teacher(config) == tiny_bert_path  # "source": the uncut model
-    with pytest.raises(ConfigError, match=r"heldout\.fraction"):
+    with pytest.raises(ConfigError, match=r"^heldout\.fraction: must be in \[0, 1\), got 1\.0 — "):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["heldout.fraction=1.0"])
-    with pytest.raises(ConfigError, match=r"student\.num_layers"):
+    with pytest.raises(ConfigError, match=r"^student\.num_layers: must be >= 1 or null, got 0"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["student.num_layers=0"])
 
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from distributed_emb.checks import ConfigError
 from distributed_emb.evaluation.senteval_data import read_sts_benchmark
 from distributed_emb.mcr2.data import (
     PairsConfig,
@@ -16,6 +17,7 @@ from distributed_emb.mcr2.data import (
     load_training_sentences,
 )
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
+from distributed_emb.settings import build
 
 
 def _write_jsonl(path, rows) -> str:
@@ -93,14 +95,39 @@ def test_pairs_file_reads_columns_and_counts_bad_rows(tmp_path):
 
 
 def test_bad_pair_settings_are_named():
-    with pytest.raises(ValueError, match="pairs.path is required"):
+    with pytest.raises(ConfigError, match=r"^pairs.path: is required when pairs.source is 'file'"):
         load_similar_pairs(PairsConfig(source="file"))
+    with pytest.raises(ConfigError, match=r"^pairs.sts_sets: is empty; pairs.source 'sts' reads"):
+        load_similar_pairs(PairsConfig(source="sts", sts_sets=[]))
     with pytest.raises(ValueError, match="lower pairs.min_score"):
         load_similar_pairs(PairsConfig(source="sts", min_score=6.0))
-    with pytest.raises(ValueError, match=r"pairs.idc_top_k: must be >= 1, got 0"):
-        PairsConfig(idc_top_k=0).validate()
+    # The sections' ranges are their declarations (distributed_emb/settings.py).
+    with pytest.raises(ConfigError, match=r"^idc_top_k: must be >= 1, got 0 — idc: the nearest"):
+        build(PairsConfig, {"idc_top_k": 0})
+    with pytest.raises(ConfigError, match=r"^min_score: must be in \[0, 5\], got 6 — sts: "):
+        build(PairsConfig, {"min_score": 6})
+    with pytest.raises(ConfigError, match=r"^max_pairs: must be >= 1 or null, got 0 — "):
+        build(PairsConfig, {"max_pairs": 0})
+    with pytest.raises(ConfigError, match=r"^seed: must be in \[0, 4294967295\], got -1"):
+        build(PairsConfig, {"seed": -1})
+    with pytest.raises(ConfigError, match=r"^source: expected one of \['idc', 'sts', 'file', "):
+        build(PairsConfig, {"source": "labels"})
+    with pytest.raises(ConfigError, match=r"^sts_sets: expected a list of items from \['STSB', "):
+        build(PairsConfig, {"sts_sets": ["STSB", "STS12"]})
     assert load_similar_pairs(PairsConfig()) is None  # idc: built from the vectors later
     assert load_similar_pairs(PairsConfig(source="none")) is None
+
+
+def test_bad_sentence_settings_are_named():
+    with pytest.raises(ConfigError, match=r"^max_per_cluster: must be >= 1 or null, got 0 — "):
+        build(SentencesConfig, {"max_per_cluster": 0})
+    with pytest.raises(ConfigError, match=r"^max_sentences: must be >= 1 or null, got -5 — "):
+        build(SentencesConfig, {"max_sentences": -5})
+    with pytest.raises(ConfigError, match=r"^min_sentences: must be >= 1, got 0 — documents"):
+        build(SentencesConfig, {"min_sentences": 0})
+    with pytest.raises(ConfigError, match=r"^unknown config key 'max_rows'"):
+        build(SentencesConfig, {"max_rows": 10})
+    assert build(SentencesConfig, {"max_sentences": None}).max_sentences is None
 
 
 def test_default_sentences_are_every_shipped_document():

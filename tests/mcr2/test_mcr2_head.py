@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import pytest
 import torch
 
 from distributed_emb.mcr2.baselines import fit_baseline, fit_pca_model
-from distributed_emb.model.compression_head import CompressionHead
+from distributed_emb.mcr2.config import Activation
+from distributed_emb.model.compression_head import ACTIVATIONS, CompressionHead
 
 
 @pytest.mark.parametrize("hidden", [(), (16,), (16, 12)])
@@ -47,6 +50,10 @@ def test_bad_head_settings_are_named():
         CompressionHead(4, 0)
     with pytest.raises(ValueError, match="dropout"):
         CompressionHead(4, 2, dropout=1.0)
+
+
+def test_the_config_declares_every_activation_of_the_head():
+    assert set(typing.get_args(Activation)) == set(ACTIVATIONS)
 
 
 def test_a_linear_head_started_at_pca_gives_the_pca_baselines_vectors():

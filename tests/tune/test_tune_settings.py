@@ -67,7 +67,10 @@ def test_base_is_a_training_config_without_the_search_sections():
         (["tune.grace_period=40"], "tune.max_t: (30) must be >= tune.grace_period (40)"),
         (["tune.reduction_factor=1"], "tune.reduction_factor: must be > 1"),
         (["tune.num_samples=0"], "tune.num_samples: must be >= 1"),
-        (["tune.scheduler=hyperband"], "tune.scheduler: 'hyperband' is not one of"),
+        (
+            ["tune.scheduler=hyperband"],
+            "tune.scheduler: expected one of ['asha', 'fifo'], got 'hyperband'",
+        ),
         (["train.layout=auto"], "train.layout: auto is for a single training run"),
         (
             ["search.loss.temperature={type: uniform, low: -1, high: 1}"],

@@ -1,0 +1,99 @@
+"""settings.py: a setting's one declaration decides what is accepted, what --help says and how a
+refusal is worded (the jobs' own keys: tests/test_config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Annotated, Literal
+
+import pytest
+from pydantic import Field
+
+from distributed_emb.checks import ConfigError
+from distributed_emb.settings import Seed, build, key_docs, section
+
+
+@section
+class Inner:
+    size: Annotated[int, Field(ge=2, description="rows per step")] = 4
+    rate: Annotated[float, Field(gt=0, lt=1, description="a share")] = 0.5
+    limit: Annotated[int | None, Field(ge=1, description="stop after")] = None
+    workers: Annotated[int | list[int], Field(description="a count or [min, max]")] = 1
+    scales: Annotated[list[Annotated[float, Field(gt=0)]], Field(description="C values")] = field(
+        default_factory=lambda: [1.0]
+    )
+    mode: Annotated[Literal["a", "b"], Field(description="how")] = "a"
+    gpu: Annotated[bool | Literal["auto"], Field(description="use one")] = "auto"
+    path: Annotated[str | None, Field(description="where")] = None
+    seed: Annotated[Seed, Field(description="the seed")] = 0
+
+
+@section
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    name: Annotated[str, Field(description="a name")] = "x"
+
+
+def refusal(tree: dict) -> str:
+    with pytest.raises(ConfigError) as error:
+        build(Outer, tree)
+    return str(error.value)
+
+
+def test_values_within_their_declarations_build_the_sections():
+    config = build(
+        Outer,
+        {"inner": {"size": 2, "rate": 0.25, "workers": [1, 2], "gpu": True, "scales": [0.5]}},
+    )
+    assert config.inner == Inner(size=2, rate=0.25, workers=[1, 2], gpu=True, scales=[0.5])
+    assert config.name == "x"  # a section given in part keeps its other defaults
+
+
+@pytest.mark.parametrize(
+    "tree, message",
+    [
+        ({"inner": {"size": 1}}, "inner.size: must be >= 2, got 1 — rows per step"),
+        ({"inner": {"rate": 1}}, "inner.rate: must be in (0, 1), got 1 — a share"),
+        ({"inner": {"limit": 0}}, "inner.limit: must be >= 1 or null, got 0 — stop after"),
+        ({"inner": {"seed": -1}}, "inner.seed: must be in [0, 4294967295], got -1 — the seed"),
+        ({"inner": {"scales": [1.0, -2.0]}}, "inner.scales[1]: must be > 0, got -2.0 — C values"),
+        ({"inner": {"size": "4"}}, "inner.size: expected an integer, got '4'"),
+        ({"inner": {"size": 4.0}}, "inner.size: expected an integer, got 4.0"),
+        ({"inner": {"size": True}}, "inner.size: expected an integer, got True"),
+        ({"inner": {"workers": 1.5}}, "inner.workers: expected an integer or a list of integers"),
+        ({"inner": {"mode": "c"}}, "inner.mode: expected one of ['a', 'b'], got 'c'"),
+        ({"inner": {"gpu": "yes"}}, "inner.gpu: expected true or false or 'auto', got 'yes'"),
+        ({"inner": {"path": 2024}}, "inner.path: expected a string or null, got 2024; quote it"),
+        ({"name": None}, "name: expected a string, got null"),
+        ({"inner": {"rate": float("nan")}}, "inner.rate: must be a finite number, got nan"),
+        ({"inner": 3}, "inner: expected a mapping of its keys, got 3"),
+        ({"inner": {"sise": 4}}, "unknown config key 'inner.sise'; known keys: ['gpu', 'limit'"),
+        ({"nmae": "y"}, "unknown config key 'nmae'; known keys: ['inner', 'name']"),
+    ],
+)
+def test_a_refused_value_is_named_with_its_declaration(tree, message):
+    assert refusal(tree).startswith(message)
+
+
+def test_an_integer_is_taken_where_a_number_is_declared():
+    config = build(Outer, {"inner": {"scales": [2]}})
+    assert config.inner.scales == [2.0]
+    assert isinstance(config.inner.scales[0], float)
+
+
+def test_key_docs_read_each_declaration():
+    docs = key_docs(Outer)
+    assert list(docs) == [f"inner.{name}" for name in Inner.__dataclass_fields__] + ["name"]
+    size = docs["inner.size"]
+    assert (size.default, size.help, size.kinds, size.bounds) == (
+        4,
+        "rows per step",
+        "an integer",
+        ">= 2",
+    )
+    assert docs["inner.limit"].kinds == "an integer or null"
+    assert docs["inner.rate"].bounds == "in (0, 1)"
+    assert docs["inner.seed"].bounds == "in [0, 4294967295]"
+    assert docs["inner.mode"].kinds == "one of ['a', 'b']"
+    assert docs["inner.scales"].kinds == "a list of numbers"
+    assert docs["inner.scales"].bounds == "> 0"
