@@ -616,6 +616,15 @@ class TrainLoopConfig:
     warmup_ratio: Annotated[
         float, Field(ge=0, lt=1, description="share of the steps with a linear warm-up")
     ] = 0.0
+    min_learning_rate_ratio: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=1,
+            description="where the linear decay ends, as a share of train.learning_rate "
+            "(0: decays to 0; 1: constant after the warm-up)",
+        ),
+    ] = 0.0
     # clip_grad_norm_ scales gradients by max_norm / norm: a negative bound reverses them
     # (training climbs the loss) and 0 zeroes them.
     max_grad_norm: Annotated[

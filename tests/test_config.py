@@ -126,6 +126,10 @@ def test_job_rejects_bad_config_before_ray_starts(tmp_path):
         ("loss.temperature=.nan", "loss.temperature: must be a finite number, got nan"),
         ("train.weight_decay=-0.1", "train.weight_decay: must be >= 0, got -0.1"),
         ("train.warmup_ratio=1", "train.warmup_ratio: must be in [0, 1), got 1"),
+        (
+            "train.min_learning_rate_ratio=1.5",
+            "train.min_learning_rate_ratio: must be in [0, 1], got 1.5 — where the linear decay",
+        ),
         ("train.cpus_per_worker=0", "train.cpus_per_worker: must be > 0, got 0"),
         ("train.seed=-5", "train.seed: must be in [0, 4294967295], got -5"),
         ("train.deepspeed.zero_stage=4", "train.deepspeed.zero_stage: must be in [0, 3], got 4"),

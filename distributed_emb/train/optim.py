@@ -29,8 +29,8 @@ def build_optimizer(
 
 
 def build_scheduler(optimizer, total_steps: int, train: TrainLoopConfig):
-    """Linear warm-up (train.warmup_ratio of the steps) then linear decay to 0 over
-    `total_steps` optimizer steps.
+    """Linear warm-up (train.warmup_ratio of the steps) then linear decay over `total_steps`
+    optimizer steps, to train.min_learning_rate_ratio × the peak.
 
     Not transformers' `get_linear_schedule_with_warmup`: that one starts the warm-up at a
     learning rate of 0 (step / warmup), this one at 1 / warmup ((step + 1) / warmup), so the
@@ -38,9 +38,12 @@ def build_scheduler(optimizer, total_steps: int, train: TrainLoopConfig):
     """
     warmup = int(total_steps * train.warmup_ratio)
 
+    floor = train.min_learning_rate_ratio
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / max(1, warmup)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+        decay = max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+        return floor + (1.0 - floor) * decay
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
