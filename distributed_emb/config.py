@@ -127,6 +127,8 @@ def _moved_to_current_keys(cls: type, tree: dict) -> dict:
                 break
         if not isinstance(node, dict) or path[-1] not in node:
             continue
+        if not old.endswith(".") and isinstance(node[path[-1]], dict):
+            continue  # a key that became a section (evaluate's `model`), given as the section
         value = node.pop(path[-1])
         if old.endswith(".") and isinstance(value, dict):
             leaves = list(flatten(value).items())

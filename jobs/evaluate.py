@@ -39,27 +39,27 @@ from distributed_emb.paths import shipped_senteval_dir
 
 
 def check_task_data(config: EvaluationConfig) -> None:
-    """Point config.senteval_dir at the task folders, and refuse a run with nothing to do.
+    """Point eval.senteval_dir at the task folders, and refuse a run with nothing to do.
 
     Before Ray starts: a DIR without any requested task's files used to skip every task and
     exit 0 with an empty results file.
     """
-    given = config.senteval_dir
+    given = config.eval.senteval_dir
     directory = sd.find_downstream_dir(given) if given else Path(shipped_senteval_dir())
-    tasks = [task for group in resolve_tasks(config.tasks).values() for task in group]
+    tasks = [task for group in resolve_tasks(config.eval.tasks).values() for task in group]
     try:
         present = [t for t in tasks if sd.task_present(directory, t, TASK_SPECS[t].needed)]
     except sd.SentEvalDataError as error:  # some of a task's files, not all: broken data
-        raise ConfigError(f"senteval_dir: {error}") from None
+        raise ConfigError(f"eval.senteval_dir: {error}") from None
     if not present:
         where = given or "the shipped STS-B-only data (give --senteval-data DIR)"
         raise ConfigError(
-            f"senteval_dir: no data for any requested task ({', '.join(tasks)}) in {where}; "
+            f"eval.senteval_dir: no data for any requested task ({', '.join(tasks)}) in {where}; "
             f"expected {sd.EXPECTED_LAYOUT}"
         )
     if given and directory != Path(given):
         print(f"SentEval data: using {directory}", file=sys.stderr)
-        config.senteval_dir = str(directory)
+        config.eval.senteval_dir = str(directory)
 
 
 def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[str]]:
@@ -72,7 +72,7 @@ def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[
 
 
 def check(config: EvaluationConfig) -> None:
-    require_model_dir(config.model, "model")
+    require_model_dir(config.model.path, "model.path")
     check_task_data(config)
     if config.output:  # the results file's directory, before hours of encoding
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)
@@ -98,12 +98,12 @@ JOB = Job(
     log_dir=lambda config: None,
     output_key="output",
     flags=(
-        Flag("model", "model directory (default: packaged MiniLM)", key="model"),
-        Flag("--senteval-data", "SentEval data/downstream directory", key="senteval_dir"),
+        Flag("model", "model directory (default: packaged MiniLM)", key="model.path"),
+        Flag("--senteval-data", "SentEval data/downstream directory", key="eval.senteval_dir"),
         Flag(
             "--tasks",
             "comma list: all, sts, transfer, retrieval, geometry, …",
-            to_values=lambda text: {"tasks": [text]},
+            to_values=lambda text: {"eval.tasks": [text]},
         ),
         Flag("--pooler", "cls, cls_before_pooler or mean", key="encode.pooler"),
         Flag("--batch-size", "sentences per batch", key="encode.batch_size", type=int),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -120,14 +120,18 @@ class RetrievalSettings:
 
 
 @section
-class EvaluationConfig:
-    model: Annotated[
+class EvaluatedModelConfig:
+    path: Annotated[
         str | None,
         Field(
             description="the encoder: a SentenceTransformer or plain Hugging Face model "
             "directory; null: the packaged all-MiniLM-L6-v2"
         ),
     ] = None
+
+
+@section
+class TaskSelection:
     senteval_dir: Annotated[
         str | None,
         Field(
@@ -143,6 +147,20 @@ class EvaluationConfig:
             "(STS12 … SICKRelatedness, MR … MRPC), each item a name or a comma list"
         ),
     ] = field(default_factory=lambda: ["all"])
+
+
+@section
+class EvaluationConfig:
+    # The one vocabulary: the model a job reads is model.path, its SentEval data
+    # eval.senteval_dir, in every job.
+    KEY_ALIASES: ClassVar[dict[str, str]] = {
+        "model": "model.path",
+        "senteval_dir": "eval.senteval_dir",
+        "tasks": "eval.tasks",
+    }
+
+    model: EvaluatedModelConfig = field(default_factory=EvaluatedModelConfig)
+    eval: TaskSelection = field(default_factory=TaskSelection)
     output: Annotated[
         str | None, Field(description="the results JSON to write; null: print only")
     ] = None
@@ -154,17 +172,18 @@ class EvaluationConfig:
     def validate(self) -> None:
         """What the declarations cannot say: the directories exist, the task names resolve,
         the lists hold a value, the object store fits this machine."""
-        if self.model is not None and not Path(self.model).is_dir():
-            raise ConfigError(f"model: {self.model} is not a model directory")
-        if self.senteval_dir is not None and not Path(self.senteval_dir).is_dir():
-            raise ConfigError(f"senteval_dir: {self.senteval_dir} is not a directory")
+        model, directory = self.model.path, self.eval.senteval_dir
+        if model is not None and not Path(model).is_dir():
+            raise ConfigError(f"model.path: {model} is not a model directory")
+        if directory is not None and not Path(directory).is_dir():
+            raise ConfigError(f"eval.senteval_dir: {directory} is not a directory")
         if not self.retrieval.ks:
             raise ConfigError("retrieval.ks: is empty; give at least one k >= 1")
         self.transfer.validate("transfer")
         try:
-            resolve_tasks(self.tasks)
+            resolve_tasks(self.eval.tasks)
         except ValueError as err:
-            raise ConfigError(f"tasks: {err}") from None
+            raise ConfigError(f"eval.tasks: {err}") from None
         validate_ray_config(self.ray)
 
 
@@ -330,8 +349,8 @@ def encodes_with_ray(config: EvaluationConfig) -> bool:
 def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
     """Run the configured tasks; returns the JSON-ready results (see docs/EVALUATION.md)."""
     config.validate()
-    model = config.model or default_model_path()
-    senteval_dir = config.senteval_dir or shipped_senteval_dir()
+    model = config.model.path or default_model_path()
+    senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
     if encode is None:
         e = config.encode
         use_ray = encodes_with_ray(config)
@@ -358,7 +377,7 @@ def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
         "wall_time_s": {},
     }
     lookup = EmbeddingLookup([], np.zeros((0, 0), dtype=np.float32))
-    for group, tasks in resolve_tasks(config.tasks).items():
+    for group, tasks in resolve_tasks(config.eval.tasks).items():
         part = run_group(group, tasks, senteval_dir, encode, config, lookup)
         output[group] = part["results"]
         output["skipped"].extend(part["skipped"])

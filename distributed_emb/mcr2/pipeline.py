@@ -45,6 +45,7 @@ from distributed_emb.evaluation.suite import (
     TASK_SPECS,
     EvaluationConfig,
     RetrievalSettings,
+    TaskSelection,
     evaluate,
     resolve_tasks,
 )
@@ -389,8 +390,7 @@ def evaluate_methods(
         )
     eval_configs = [
         EvaluationConfig(
-            senteval_dir=directory,
-            tasks=dir_tasks,
+            eval=TaskSelection(senteval_dir=directory, tasks=dir_tasks),
             transfer=config.eval.transfer,
             retrieval=RetrievalSettings(threshold=config.eval.retrieval_min_score),
         )

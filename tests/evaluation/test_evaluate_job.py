@@ -81,7 +81,7 @@ def test_senteval_data_finds_downstream_under_data_or_a_checkout(tmp_path, level
     downstream = _stsb_only(tmp_path)
     given = {"downstream": downstream, "data": downstream.parent, "checkout": tmp_path}[level]
     config = checked_config("evaluate", ["--senteval-data", str(given), "--tasks", "STSBenchmark"])
-    assert Path(config.senteval_dir) == downstream
+    assert Path(config.eval.senteval_dir) == downstream
 
 
 def test_no_data_for_any_requested_task_exits_2_naming_the_layout(tmp_path, capsys):
@@ -94,7 +94,7 @@ def test_no_data_for_any_requested_task_exits_2_naming_the_layout(tmp_path, caps
     )  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert "senteval_dir: no data for any requested task (MR, CR, SUBJ" in err
+    assert "eval.senteval_dir: no data for any requested task (MR, CR, SUBJ" in err
     assert "data/downstream directory (or its parent data/)" in err
     assert "STS/STSBenchmark/sts-test.csv" in err
     assert not output.exists()  # refused before any work: no empty results file
@@ -103,7 +103,7 @@ def test_no_data_for_any_requested_task_exits_2_naming_the_layout(tmp_path, caps
 def test_some_requested_tasks_present_is_not_an_error(tmp_path):
     downstream = _stsb_only(tmp_path)
     config = checked_config("evaluate", ["--senteval-data", str(downstream), "--tasks", "sts"])
-    assert config.senteval_dir == str(downstream)  # STS12–16 and SICK are skipped later
+    assert config.eval.senteval_dir == str(downstream)  # STS12–16 and SICK are skipped later
 
 
 def test_evaluate_job_without_ray_reads_senteval_data_given_as_data_dir(

@@ -18,6 +18,7 @@ from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.suite import (
     EncodeSettings,
     EvaluationConfig,
+    TaskSelection,
     evaluate,
     resolve_tasks,
 )
@@ -56,10 +57,13 @@ def test_resolve_tasks_groups_names_and_comma_lists():
 
 
 def test_config_validation_names_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="^tasks: unknown task 'bogus'"):
-        EvaluationConfig(tasks=["sts,bogus"]).validate()
-    with pytest.raises(ConfigError, match=r"^model: .*nope is not a model directory"):
-        EvaluationConfig(model=str(tmp_path / "nope")).validate()
+    with pytest.raises(ConfigError, match="^eval.tasks: unknown task 'bogus'"):
+        load_config(EvaluationConfig, None, ["eval.tasks=[sts,bogus]"])
+    with pytest.raises(ConfigError, match=r"^model.path: .*nope is not a model directory"):
+        load_config(EvaluationConfig, None, [f"model.path={tmp_path / 'nope'}"])
+    # The keys from before the one vocabulary still work (warned).
+    old = load_config(EvaluationConfig, None, [f"model={tmp_path}", "tasks=[sts]"])
+    assert (old.model.path, old.eval.tasks) == (str(tmp_path), ["sts"])
     with pytest.raises(ConfigError, match=r"^retrieval.ks: is empty; give at least one k >= 1"):
         load_config(EvaluationConfig, None, ["retrieval.ks=[]"])
     with pytest.raises(ConfigError, match=r"^transfer.kfold_c: give at least one C"):
@@ -114,8 +118,9 @@ def _tiny_senteval(tmp_path: Path) -> Path:
 def test_evaluate_skips_absent_tasks_and_reports_present_ones(tmp_path):
     root = _tiny_senteval(tmp_path)
     config = EvaluationConfig(
-        senteval_dir=str(root),
-        tasks=["sts", "MR", "SST2", "retrieval", "geometry"],
+        eval=TaskSelection(
+            senteval_dir=str(root), tasks=["sts", "MR", "SST2", "retrieval", "geometry"]
+        ),
         transfer=TransferConfig(kfold=2, inner_kfold_c=(1.0,), kfold_c=(1.0,)),
     )
     calls: list[int] = []
@@ -153,7 +158,7 @@ def test_present_but_malformed_task_raises_with_file_and_line(tmp_path):
     lines = path.read_text().split("\n")
     lines[9] = "g\tf\t2012\t1\tbad\tA.\tB."
     path.write_text("\n".join(lines))
-    config = EvaluationConfig(senteval_dir=str(root), tasks=["STSBenchmark"])
+    config = EvaluationConfig(eval=TaskSelection(senteval_dir=str(root), tasks=["STSBenchmark"]))
     with pytest.raises(SentEvalDataError, match=re.escape(f"{path}:10:")):
         evaluate(config, encode=hashed_encoder())
 
@@ -161,6 +166,6 @@ def test_present_but_malformed_task_raises_with_file_and_line(tmp_path):
 def test_incomplete_task_is_an_error_not_a_skip(tmp_path):
     root = _tiny_senteval(tmp_path)
     (root / "MR/rt-polarity.neg").unlink()
-    config = EvaluationConfig(senteval_dir=str(root), tasks=["MR"])
+    config = EvaluationConfig(eval=TaskSelection(senteval_dir=str(root), tasks=["MR"]))
     with pytest.raises(SentEvalDataError, match="incomplete.*rt-polarity.neg"):
         evaluate(config, encode=hashed_encoder())
