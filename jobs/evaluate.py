@@ -27,7 +27,7 @@ from pathlib import Path
 from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.config import ConfigError, require_model_dir
 from distributed_emb.evaluation import senteval_data as sd
-from distributed_emb.evaluation.report import format_results, write_results
+from distributed_emb.evaluation.results_tables import format_results, write_results
 from distributed_emb.evaluation.suite import (
     TASK_SPECS,
     EvaluationConfig,

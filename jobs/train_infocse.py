@@ -17,7 +17,7 @@ from pathlib import Path
 
 from distributed_emb.cli import Job, run_job
 from distributed_emb.data.documents import check_small_documents
-from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.storage import require_reachable
 from distributed_emb.train import job as train_job
 

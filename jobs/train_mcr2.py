@@ -19,7 +19,7 @@ from pathlib import Path
 
 from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.data.sources import resolve_sources
-from distributed_emb.mcr2.config import MCR2Config
+from distributed_emb.mcr2.compression_config import MCR2Config
 
 
 def check(config: MCR2Config) -> None:

@@ -22,7 +22,7 @@ from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.config import ConfigError, to_dict
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.train.job import check_model_lengths, check_storage
-from distributed_emb.tune.settings import SearchJobConfig
+from distributed_emb.tune.search_config import SearchJobConfig
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "tune_default.yaml"
 SAVED_CONFIG = "search_config.yaml"  # the search's full config, kept for --resume
@@ -68,7 +68,7 @@ def check(config: SearchJobConfig) -> None:
 
 def run(config: SearchJobConfig) -> int:
     from distributed_emb.tune.driver import run_search, search_paths
-    from distributed_emb.tune.report import format_summary, write_search_report
+    from distributed_emb.tune.search_report import format_summary, write_search_report
 
     paths = search_paths(config)
     if not config.tune.resume:

@@ -173,8 +173,8 @@ def test_crashed_infocse_best_round_copy_keeps_the_previous_model(tmp_path, monk
     _model_dir(best_round, "round 2")
     best = SimpleNamespace(stage="unsupervised", model_dir=str(best_round), round=2, stsb_dev=80.0)
 
-    from distributed_emb.infocse.config import InfoCSEConfig
     from distributed_emb.infocse.round_state import RoundState
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     real_copytree = rounds.shutil.copytree
 

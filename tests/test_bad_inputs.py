@@ -12,9 +12,9 @@ import pytest
 from harness.jobs import run
 
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
-from distributed_emb.infocse.config import InfoCSEConfig
-from distributed_emb.mcr2.config import MCR2Config
-from distributed_emb.tune.settings import SearchJobConfig
+from distributed_emb.infocse.rounds_config import InfoCSEConfig
+from distributed_emb.mcr2.compression_config import MCR2Config
+from distributed_emb.tune.search_config import SearchJobConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "bad_inputs"

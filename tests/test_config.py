@@ -268,7 +268,7 @@ def test_values_are_set_unparsed_after_overrides():
     ],
 )
 def test_mcr2_ranges(override, message):
-    from distributed_emb.mcr2.config import MCR2Config
+    from distributed_emb.mcr2.compression_config import MCR2Config
 
     with pytest.raises(ConfigError) as error_info:
         load_config(MCR2Config, None, [override])
@@ -276,7 +276,7 @@ def test_mcr2_ranges(override, message):
 
 
 def test_mcr2_pca_start_is_refused_for_an_mlp_head():
-    from distributed_emb.mcr2.config import MCR2Config
+    from distributed_emb.mcr2.compression_config import MCR2Config
 
     with pytest.raises(ConfigError, match="head.init: pca starts a linear head"):
         load_config(MCR2Config, None, ["head.init=pca", "head.hidden_dims=[16]"])
@@ -296,7 +296,7 @@ def test_mcr2_pca_start_is_refused_for_an_mlp_head():
     ],
 )
 def test_infocse_ranges(override, message):
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     with pytest.raises(ConfigError) as error_info:
         load_config(InfoCSEConfig, None, [override])
@@ -316,7 +316,7 @@ def test_infocse_ranges(override, message):
 def test_infocse_hub_and_remote_documents_pass_validation(source):
     # The old check let a missing path through only for a format DocumentsConfig never had,
     # so hub-hosted documents could not be configured at all.
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     config = load_config(InfoCSEConfig, None, [f"documents.paths=[{source}]"])
     assert config.documents.paths == [source]
@@ -331,7 +331,7 @@ def test_infocse_hub_and_remote_documents_pass_validation(source):
     ],
 )
 def test_infocse_missing_local_documents_fail(tmp_path, source, message):
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     source = source.replace("{tmp}", str(tmp_path))
     with pytest.raises(ConfigError, match=r"^documents\.paths: ") as error_info:
@@ -340,7 +340,7 @@ def test_infocse_missing_local_documents_fail(tmp_path, source, message):
 
 
 def test_local_glob_that_matches_is_accepted(tmp_path):
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     (tmp_path / "a.jsonl").write_text('{"id": "1", "sentences": ["x", "y"]}\n')
     load_config(InfoCSEConfig, None, [f"documents.paths=[{tmp_path}/*.jsonl]"])
@@ -357,7 +357,7 @@ def test_local_glob_that_matches_is_accepted(tmp_path):
     ],
 )
 def test_tune_settings_ranges(override, message):
-    from distributed_emb.tune.settings import SearchJobConfig
+    from distributed_emb.tune.search_config import SearchJobConfig
 
     with pytest.raises(ConfigError) as error_info:
         load_config(SearchJobConfig, None, ["train.max_steps=20", override])
@@ -386,9 +386,9 @@ def test_relative_model_directories_become_absolute_for_the_workers(tmp_path, mo
 def test_every_job_names_a_concept_with_the_same_key(job, tmp_path):
     """The one vocabulary: the model a job starts from and its optimizer's rate have one key in
     every configurable job, each refused by that name; the output directory is one key too."""
-    from distributed_emb.infocse.config import InfoCSEConfig
-    from distributed_emb.mcr2.config import MCR2Config
-    from distributed_emb.tune.settings import SearchJobConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
+    from distributed_emb.mcr2.compression_config import MCR2Config
+    from distributed_emb.tune.search_config import SearchJobConfig
 
     cls = {"training": TrainingConfig, "mcr2": MCR2Config, "infocse": InfoCSEConfig,
            "tune": SearchJobConfig}[job]  # fmt: skip

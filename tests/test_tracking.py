@@ -364,9 +364,9 @@ def test_shipped_yamls_list_only_what_differs(name, config_class):
     import yaml
 
     from distributed_emb.config import to_dict
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
     from distributed_emb.tracking import flatten
-    from distributed_emb.tune.settings import SearchJobConfig
+    from distributed_emb.tune.search_config import SearchJobConfig
 
     cls = {c.__name__: c for c in (TrainingConfig, InfoCSEConfig, SearchJobConfig)}[config_class]
     built_in = to_dict(cls())

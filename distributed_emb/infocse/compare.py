@@ -40,7 +40,6 @@ from pydantic import Field
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import ConfigError, OutputConfig, require_range
 from distributed_emb.data.documents import read_documents
-from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.rounds import (
     _initial_model,
     _split_held_out,
@@ -49,6 +48,7 @@ from distributed_emb.infocse.rounds import (
     round_state,
     run_rounds,
 )
+from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
 from distributed_emb.train.trainer import run_training

@@ -52,7 +52,6 @@ from distributed_emb.infocse.annotate import (
     AnnotationResult,
     annotate_documents,
 )
-from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.overlap import (
     NextRoundAnnotator,
     PairVersion,
@@ -61,6 +60,7 @@ from distributed_emb.infocse.overlap import (
 )
 from distributed_emb.infocse.pairs import pair_overlap_on_cluster
 from distributed_emb.infocse.round_state import RoundState
+from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.infocse.student import build_layer_student
 from distributed_emb.model.embedder import Embedder, EmbeddingLookup
 from distributed_emb.model.sentence_transformer import (

@@ -177,7 +177,7 @@ class MCR2LossConfig:
             "exact metrics); null: the vectors' own"
         ),
     ] = None
-    # The compression job sets it (mcr2/config.py).
+    # The compression job sets it (mcr2/compression_config.py).
     distill_weight: Annotated[
         float,
         Field(

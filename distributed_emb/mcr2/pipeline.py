@@ -37,7 +37,7 @@ import torch
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.evaluation import senteval_data as sd
-from distributed_emb.evaluation.report import write_results
+from distributed_emb.evaluation.results_tables import write_results
 from distributed_emb.evaluation.suite import (
     GROUPS as TASK_GROUPS,
 )
@@ -50,7 +50,13 @@ from distributed_emb.evaluation.suite import (
     resolve_tasks,
 )
 from distributed_emb.mcr2.baselines import fit_baseline
-from distributed_emb.mcr2.config import MCR2Config
+from distributed_emb.mcr2.comparison_report import (
+    PLOT_FILE,
+    comparison_panels,
+    results_table,
+    summarise,
+)
+from distributed_emb.mcr2.compression_config import MCR2Config
 from distributed_emb.mcr2.data import (
     SimilarPairs,
     TrainingSentences,
@@ -59,9 +65,8 @@ from distributed_emb.mcr2.data import (
     load_training_sentences,
 )
 from distributed_emb.mcr2.embeddings import CachedEncoder
-from distributed_emb.mcr2.export import export_compressed_model
+from distributed_emb.mcr2.export_with_head import export_compressed_model
 from distributed_emb.mcr2.matryoshka import train_matryoshka, truncate
-from distributed_emb.mcr2.report import PLOT_FILE, comparison_panels, results_table, summarise
 from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, dev_scores, train_head
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.plots import write_panels

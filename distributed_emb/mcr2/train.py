@@ -26,7 +26,7 @@ from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
 from distributed_emb.mcr2.assignments import SoftAssignmentHead
 from distributed_emb.mcr2.baselines import fit_pca_model
-from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, HeadTrainingConfig
+from distributed_emb.mcr2.compression_config import AssignmentConfig, HeadConfig, HeadTrainingConfig
 from distributed_emb.model.compression_head import CompressionHead
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """The compression head: an MLP from the frozen encoder's vector to a small normalised one.
 
 Only ``Linear`` layers and element-wise activations, so the head exports exactly as a stack of
-sentence-transformers ``Dense`` modules followed by ``Normalize`` (see ``mcr2/export.py``).
+sentence-transformers ``Dense`` modules followed by ``Normalize`` (see
+``mcr2/export_with_head.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class CompressionHead(torch.nn.Module):
         ]
 
 
-# An exported head's files (mcr2/export.py): its weights, and its shape and training record.
+# An exported head's files (mcr2/export_with_head.py): its weights, and its shape and training
+# record.
 HEAD_WEIGHTS_FILE = "compression_head.safetensors"
 HEAD_INFO_FILE = "mcr2_head.json"
 

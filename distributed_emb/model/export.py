@@ -60,7 +60,7 @@ def export_sentence_transformer(
         if include_mlp and encoder.mlp is not None:
             stack.append(dense_module(encoder.mlp[0], torch.nn.Tanh()))
         head = encoder.compression_head
-        if head is not None:  # the same stack as mcr2/export.py's frozen-encoder export
+        if head is not None:  # the same stack as mcr2/export_with_head.py's frozen-encoder export
             stack += [dense_module(linear, act) for linear, act in head.layers_for_export()]
         if normalize or head is not None:  # the head's output is unit length
             stack.append(modules.Normalize())

@@ -47,13 +47,13 @@ from distributed_emb.resource_plan import (
 from distributed_emb.train.loop import DEV_METRIC, plan_steps
 from distributed_emb.train.trainer import build_trainer, worker_resources
 from distributed_emb.tune.janitor import PlacementGroupJanitor
+from distributed_emb.tune.search_config import SearchJobConfig, asha_budget
 from distributed_emb.tune.search_space import (
     Distribution,
     apply_params,
     grid_size,
     param_space,
 )
-from distributed_emb.tune.settings import SearchJobConfig, asha_budget
 from distributed_emb.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)

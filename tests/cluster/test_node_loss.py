@@ -310,7 +310,7 @@ def test_tune_node_lost_mid_search_resumes_only_the_trial_on_it(
     from ray import tune as ray_tune
 
     from distributed_emb.tune.driver import run_search
-    from distributed_emb.tune.settings import SearchJobConfig
+    from distributed_emb.tune.search_config import SearchJobConfig
 
     bucket = s3.create_bucket(f"runs-{secrets.token_hex(3)}")
     config = load_config(

@@ -406,7 +406,7 @@ def test_a_driver_wait_that_never_ends_fails_naming_what_waits(cluster, monkeypa
 
 def test_annotation_stall_timeout_is_validated():
     from distributed_emb.config import load_config
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     with pytest.raises(ValueError, match=r"annotation.stall_timeout_s: must be > 0 or null, got 0"):
         load_config(InfoCSEConfig, None, ["annotation.stall_timeout_s=0"])

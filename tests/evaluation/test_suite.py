@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from distributed_emb.config import ConfigError, load_config
-from distributed_emb.evaluation.report import format_results, write_results
+from distributed_emb.evaluation.results_tables import format_results, write_results
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.suite import (
     EncodeSettings,

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from distributed_emb.config import ConfigError, load_config
-from distributed_emb.infocse.config import InfoCSEConfig
 from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.rounds import RoundRecord, _print_row, _save
+from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.plots import write_panels
 from distributed_emb.tracking import MetricsSinks, read_train_log
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import torch
 
-from distributed_emb.mcr2.export import export_compressed_model
+from distributed_emb.mcr2.export_with_head import export_compressed_model
 from distributed_emb.model.compression_head import CompressionHead
 
 SENTENCES = ["A man is playing a guitar.", "The cat sits on the mat.", "Stocks fell sharply."]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from distributed_emb.mcr2.baselines import fit_baseline, fit_pca_model
-from distributed_emb.mcr2.config import Activation
+from distributed_emb.mcr2.compression_config import Activation
 from distributed_emb.model.compression_head import ACTIVATIONS, CompressionHead
 
 

@@ -11,7 +11,7 @@ import torch
 
 from distributed_emb.config import load_config
 from distributed_emb.evaluation.senteval_data import STS_YEAR_SUBSETS
-from distributed_emb.mcr2.config import MCR2Config
+from distributed_emb.mcr2.compression_config import MCR2Config
 from distributed_emb.mcr2.pipeline import torch_threads
 from distributed_emb.paths import shipped_corpus, shipped_senteval_dir
 from distributed_emb.plots import write_panels

@@ -11,7 +11,7 @@ from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig
 from distributed_emb.mcr2.baselines import fit_baseline
-from distributed_emb.mcr2.config import AssignmentConfig, HeadConfig, HeadTrainingConfig
+from distributed_emb.mcr2.compression_config import AssignmentConfig, HeadConfig, HeadTrainingConfig
 from distributed_emb.mcr2.train import HeadTrainingData, head_dev_scores, train_head
 
 

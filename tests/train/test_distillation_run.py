@@ -133,7 +133,7 @@ def test_the_comparisons_distill_arm_trains_the_student_on_the_teachers_vectors(
     from types import SimpleNamespace
 
     from distributed_emb.infocse import compare
-    from distributed_emb.infocse.config import InfoCSEConfig
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
     seen = {}
 

@@ -18,7 +18,7 @@ from distributed_emb.config import ConfigError, TrainingConfig, load_config
 from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig, coding_rate, compressed_coding_rate
 from distributed_emb.losses.objective import LossConfig, embedding_objective
-from distributed_emb.mcr2.export import export_compressed_model
+from distributed_emb.mcr2.export_with_head import export_compressed_model
 from distributed_emb.model.compression_head import CompressionHead, load_head
 from distributed_emb.paths import shipped_corpus
 

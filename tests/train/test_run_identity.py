@@ -17,7 +17,7 @@ from harness.jobs import job_module, run
 
 from distributed_emb.cli import job_config
 from distributed_emb.config import TrainingConfig, load_config, to_dict
-from distributed_emb.infocse.config import InfoCSEConfig
+from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.train import trainer
 from distributed_emb.train.checkpointing import LoopState, save_loop_state
 from distributed_emb.train.run_identity import (

@@ -17,7 +17,7 @@ from distributed_emb.tune.driver import (
     trial_worker_cpus,
     worker_bundles,
 )
-from distributed_emb.tune.settings import SearchJobConfig
+from distributed_emb.tune.search_config import SearchJobConfig
 
 DEFAULT_YAML = "jobs/configs/tune_default.yaml"
 

@@ -9,7 +9,6 @@ import json
 import pytest
 
 from distributed_emb.config import TrainingConfig, load_config, to_dict
-from distributed_emb.tune.plots import plot_learning_curves, plot_metric_vs_params
 from distributed_emb.tune.results import (
     COMPLETED,
     ERROR,
@@ -28,6 +27,7 @@ from distributed_emb.tune.results import (
     write_best_config,
     write_table,
 )
+from distributed_emb.tune.search_plots import plot_learning_curves, plot_metric_vs_params
 from distributed_emb.tune.search_space import parse_search_space
 
 KEYS = ["loss.reconstruction_weight", "train.batch_size"]

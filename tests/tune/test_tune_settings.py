@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from distributed_emb.config import ConfigError, load_config
+from distributed_emb.tune.search_config import SearchJobConfig, asha_budget
 from distributed_emb.tune.search_space import DEFAULT_SEARCH_SPACE, parse_search_space
-from distributed_emb.tune.settings import SearchJobConfig, asha_budget
 
 DEFAULT_YAML = "jobs/configs/tune_default.yaml"
 

@@ -16,7 +16,6 @@ from dataclasses import asdict
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.train.trainer import stsb_test
 from distributed_emb.tune.driver import SearchRun, search_paths
-from distributed_emb.tune.plots import plot_learning_curves, plot_metric_vs_params
 from distributed_emb.tune.results import (
     ERROR,
     best_training_config,
@@ -28,7 +27,8 @@ from distributed_emb.tune.results import (
     write_best_config,
     write_table,
 )
-from distributed_emb.tune.settings import SearchJobConfig
+from distributed_emb.tune.search_config import SearchJobConfig
+from distributed_emb.tune.search_plots import plot_learning_curves, plot_metric_vs_params
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from distributed_emb.evaluation.report import headline
+from distributed_emb.evaluation.results_tables import headline
 from distributed_emb.plots import Panel
 from distributed_emb.tables import markdown_table
 
