@@ -1,6 +1,6 @@
-"""The value checks every config section uses, below every package that declares settings
-(data/, losses/ and config.py): a problem is a ConfigError whose message names the key, the
-allowed values and the value given."""
+"""The checks a config's validate() makes across settings (one setting's own range is in its
+declaration: settings.py), below every package that declares settings: a problem is a
+ConfigError whose message names the key, the allowed values and the value given."""
 
 from __future__ import annotations
 
@@ -60,7 +60,3 @@ def require_range(
     if not ok:
         shown = "null" if value is None else repr(value)
         raise ConfigError(f"{key}: must be {wanted}, got {shown}" + (f" ({why})" if why else ""))
-
-
-def require_seed(value: int | None, key: str, allow_none: bool = False) -> None:
-    require_range(value, key, 0, MAX_SEED, allow_none=allow_none)

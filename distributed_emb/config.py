@@ -29,7 +29,6 @@ from distributed_emb.checks import (  # noqa: F401 - re-exported: every section'
     MAX_SEED,
     ConfigError,
     require_range,
-    require_seed,
 )
 from distributed_emb.checks import require as _require
 from distributed_emb.data.sources import is_hub_name, is_remote
