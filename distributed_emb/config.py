@@ -32,7 +32,7 @@ from distributed_emb.checks import (  # noqa: F401 - re-exported: every section'
 )
 from distributed_emb.checks import require as _require
 from distributed_emb.data.sources import is_hub_name, is_remote
-from distributed_emb.losses.objective import LossConfig
+from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.paths import default_model_path
 from distributed_emb.settings import Seed, build, flatten, lookup, section  # noqa: F401
 

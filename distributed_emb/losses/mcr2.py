@@ -26,14 +26,11 @@ tensor is ever built.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from distributed_emb.losses.distillation import similarity_distillation_loss
-from distributed_emb.settings import section
+from distributed_emb.losses.loss_config import MCR2LossConfig
 
 # Added to a soft cluster's mass tr(Πₖ), as the MCR² reference code does, so an empty soft
 # cluster contributes 0·logdet(I) instead of 0/0.
@@ -145,53 +142,6 @@ def pair_cosine(view1: torch.Tensor, view2: torch.Tensor) -> torch.Tensor:
             f"MCR²: pair views differ in shape: {tuple(view1.shape)} vs {tuple(view2.shape)}"
         )
     return F.cosine_similarity(view1, view2, dim=1).mean()
-
-
-# μ of the neighbourhood term where a head compresses an encoder (the compression job's
-# default, and fine-tuning's): without it the MCR² head lost to PCA on every STS set it never
-# saw; 10 had the best STS-B + SICK-R dev average at 64 dims, level with the best at 128
-# (docs/MCR2.md, "Choosing the current default").
-COMPRESSION_DISTILL_WEIGHT = 10.0
-
-
-@section
-class MCR2LossConfig:
-    # The MCR² paper's ε² = 0.5 is eps ≈ 0.707.
-    eps: Annotated[float, Field(gt=0, description="ε of R(Z) = ½·logdet(I + d/(n·ε²)·ZᵀZ)")] = 0.5
-    pair_weight: Annotated[
-        float,
-        Field(ge=0, description="λ of the pair term −λ·mean cos(ẑ¹ᵢ, ẑ²ᵢ); 0 turns it off"),
-    ] = 1.0
-    compress_weight: Annotated[
-        float,
-        Field(
-            ge=0,
-            description="weight of R_c: 1.0 is the MCR² objective ΔR = R − R_c; 0 keeps only "
-            "the expansion term",
-        ),
-    ] = 1.0
-    compute_dtype: Annotated[
-        Literal["float32", "float64"] | None,
-        Field(
-            description="float64 computes the Grams and logdets in double precision (slower, "
-            "exact metrics); null: the vectors' own"
-        ),
-    ] = None
-    # The compression job sets it (mcr2/compression_config.py).
-    distill_weight: Annotated[
-        float,
-        Field(
-            ge=0,
-            description="μ of the similarity distillation term μ·KL(P_teacher ‖ P_z) over each "
-            "row's in-batch neighbours (losses/distillation.py); 0 turns it off",
-        ),
-    ] = 0.0
-    distill_temperature: Annotated[
-        float,
-        Field(
-            gt=0, description="τ of both softmaxes over in-batch cosine similarities in μ's term"
-        ),
-    ] = 0.05
 
 
 class MCR2Loss(torch.nn.Module):

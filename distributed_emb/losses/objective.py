@@ -2,84 +2,17 @@
 returns (loss, metrics). α = 1 and δ = γ = 0 by default (InforMin-CL); α = 0, δ > 0 is plain
 distillation from a teacher (losses/distillation.py); α = 0, γ > 0 fine-tunes an encoder and
 its compression head with the MCR² objective (losses/mcr2.py). The weights are the `loss`
-settings of the training config (LossConfig, declared here, below the config that holds it)."""
+settings of the training config (LossConfig, declared in losses/loss_config.py)."""
 
 from __future__ import annotations
 
-from dataclasses import field
-from typing import Annotated, Literal
-
 import torch
-from pydantic import Field
 
 from distributed_emb.losses.distillation import distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
-from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2Loss, MCR2LossConfig
+from distributed_emb.losses.loss_config import LossConfig, MCR2LossConfig
+from distributed_emb.losses.mcr2 import MCR2Loss
 from distributed_emb.losses.reconstruction import reconstruction_loss
-from distributed_emb.settings import section
-
-
-@section
-class LossConfig:
-    temperature: Annotated[float, Field(gt=0, description="τ of InfoNCE")] = 0.05
-    reconstruction_weight: Annotated[
-        float,
-        Field(ge=0, description="λ, the weight of InforMin-CL's reconstruction term ‖z¹ − z²‖²"),
-    ] = 0.1
-    # normalized_mse is the authors' released code; squared_norm the paper's eq. 8.
-    reconstruction_form: Annotated[
-        Literal["normalized_mse", "squared_norm"],
-        Field(
-            description="normalized_mse: L2-normalised z, element-mean squared error; "
-            "squared_norm: raw z, mean over rows of the squared L2 distance"
-        ),
-    ] = "normalized_mse"
-    mlm_weight: Annotated[
-        float, Field(ge=0, description="β, the weight of the masked-language-model term")
-    ] = 0.0
-    mlm_probability: Annotated[
-        float, Field(gt=0, lt=1, description="share of tokens masked for the MLM term")
-    ] = 0.15
-    gather_negatives: Annotated[
-        bool, Field(description="negatives from every worker's batch (the global batch)")
-    ] = True
-    contrastive_weight: Annotated[
-        float, Field(ge=0, description="α, the weight of InfoNCE; 0 turns it off (distillation)")
-    ] = 1.0
-    # The plain way to shrink a model; the distilled vector is the exported one (no MLP).
-    distill_weight: Annotated[
-        float,
-        Field(
-            ge=0,
-            description="δ, the weight of the mean squared error to a frozen teacher's vectors "
-            "(losses/distillation.py)",
-        ),
-    ] = 0.0
-    distill_teacher: Annotated[
-        str | None,
-        Field(
-            description="the teacher of δ and of loss.mcr2's neighbourhood term: a model path "
-            "or hub name sharing the student's tokenizer and width (null there: model.path)"
-        ),
-    ] = None
-    # −R(Z) + R_c(Z, Π) with Π the batch's data.group_column, − λ·cos of the two dropout views,
-    # + μ·KL to the teacher's in-batch neighbours.
-    mcr2_weight: Annotated[
-        float,
-        Field(
-            ge=0,
-            description="γ, the weight of the MCR² objective (losses/mcr2.py) on each worker's "
-            "batch; 0 turns it off",
-        ),
-    ] = 0.0
-    mcr2: MCR2LossConfig = field(
-        default_factory=lambda: MCR2LossConfig(distill_weight=COMPRESSION_DISTILL_WEIGHT)
-    )
-
-    @property
-    def needs_teacher(self) -> bool:
-        """Does a term read the teacher's vectors (`teacher_vectors` of a batch)?"""
-        return self.distill_weight > 0 or (self.mcr2_weight > 0 and self.mcr2.distill_weight > 0)
 
 
 def embedding_objective(

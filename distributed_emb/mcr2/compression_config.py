@@ -20,7 +20,7 @@ from distributed_emb.config import (
     validate_ray_config,
 )
 from distributed_emb.evaluation.transfer import TransferConfig
-from distributed_emb.losses.mcr2 import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
+from distributed_emb.losses.loss_config import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
