@@ -23,7 +23,7 @@ from bench.run_all import (
     ST,
     length_grouped,
 )
-from bench.step_ab import VARIANTS
+from bench.section_profile import VARIANTS
 
 REPO = Path(__file__).resolve().parents[2]  # `python -m bench.run_all` runs from here
 
