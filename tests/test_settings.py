@@ -97,3 +97,37 @@ def test_key_docs_read_each_declaration():
     assert docs["inner.mode"].kinds == "one of ['a', 'b']"
     assert docs["inner.scales"].kinds == "a list of numbers"
     assert docs["inner.scales"].bounds == "> 0"
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("distributed_emb.config", "TrainingConfig"),
+        ("distributed_emb.mcr2.compression_config", "MCR2Config"),
+        ("distributed_emb.infocse.rounds_config", "InfoCSEConfig"),
+        ("distributed_emb.infocse.compare", "ComparisonConfig"),
+        ("distributed_emb.tune.search_config", "SearchJobConfig"),
+        ("distributed_emb.evaluation.suite", "EvaluationConfig"),
+    ],
+)
+def test_every_key_of_every_job_is_declared_with_its_help(module, name):
+    """--help shows each key's meaning: a setting without a description is a declaration
+    missing its help; a nested plain dataclass (not a @section) would accept unknown keys."""
+    import dataclasses
+    import importlib
+    import typing
+
+    cls = getattr(importlib.import_module(module), name)
+    docs = key_docs(cls)
+    assert len(docs) > 20
+    assert [key for key, doc in docs.items() if not doc.help] == []
+
+    def sections(section_class: type):
+        yield section_class
+        for hint in typing.get_type_hints(section_class).values():
+            if dataclasses.is_dataclass(hint):
+                yield from sections(hint)
+
+    for section_class in sections(cls):
+        config = getattr(section_class, "__pydantic_config__", {})
+        assert config.get("extra") == "forbid", f"{section_class.__name__} is not a @section"
