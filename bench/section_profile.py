@@ -21,7 +21,8 @@ Variants:
 - default: fp32, random batches, fused AdamW (the project's engine today);
 - before: the same with `torch.optim.AdamW`'s default per-parameter update (the engine before
   the speed work);
-- length-grouped: the same sentences batched by `LengthGroupedCollator` (pool = all batches);
+- length-grouped: the same sentences batched by `length_groups` (data/global_batches.py;
+  pool = all batches);
 - bf16: `train.precision=bf16` autocast (losses stay fp32);
 - compiled (not in table 7c, compiling takes minutes): `train.compile=true`.
 """
