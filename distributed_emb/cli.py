@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from distributed_emb.config import ConfigError, load_config, lookup, to_dict
+from distributed_emb.config import ConfigError, load_config, lookup, read_yaml, to_dict
 from distributed_emb.errors import UserInputError
 from distributed_emb.runtime import LOG_FORMAT, setup_logging, start_ray
 from distributed_emb.settings import key_docs
@@ -308,12 +308,12 @@ def config_keys_help(cls: type, file_tree: dict | None = None, file_name: str = 
 
 
 def _default_tree(path: Path | str | None) -> dict:
-    """The job's default YAML as a tree, for --help (empty if absent or unreadable: help never
-    fails)."""
+    """The job's default YAML as a tree, read as the config is, for --help (empty if absent or
+    unreadable: help never fails)."""
     if path is None or not Path(path).is_file():
         return {}
     try:
-        tree = yaml.safe_load(Path(path).read_text())
+        tree = read_yaml(Path(path).read_text())
     except yaml.YAMLError:
         return {}
     return tree if isinstance(tree, dict) else {}

@@ -16,8 +16,6 @@ import logging
 import math
 import os
 import re
-import types
-import typing
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -34,7 +32,14 @@ from distributed_emb.checks import require as _require
 from distributed_emb.data.sources import is_hub_name, is_remote
 from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.paths import default_model_path
-from distributed_emb.settings import Seed, build, flatten, lookup, section  # noqa: F401
+from distributed_emb.settings import (
+    Seed,
+    build,
+    flatten,
+    key_docs,
+    lookup,
+    section,
+)
 
 T = TypeVar("T")
 
@@ -175,30 +180,6 @@ def _set_dotted(tree: dict, dotted: str, value: Any, merge: bool = False) -> Non
 _YAML_NULLS = ("", "~", "null", "Null", "NULL")
 
 
-def _field_annotation(cls: type | None, dotted: str) -> Any:
-    """The annotation of the field `dotted` names in dataclass `cls` (None: not a field)."""
-    annotation: Any = cls
-    for part in dotted.split("."):
-        if not (isinstance(annotation, type) and dataclasses.is_dataclass(annotation)):
-            return None
-        annotation = typing.get_type_hints(annotation).get(part)
-        if annotation is None:
-            return None
-    return annotation
-
-
-def _text_kind(annotation: Any) -> tuple[str | None, bool]:
-    """("str" | "choice" | None, may be null) for str, a Literal of strings, and their Optional."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        kind = _text_kind(options[0])[0] if len(options) == 1 else None
-        return kind, type(None) in args
-    if typing.get_origin(annotation) is typing.Literal:
-        return ("choice" if all(isinstance(a, str) for a in args) else None), False
-    return ("str" if annotation is str else None), False
-
-
 def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
     """`loss.reconstruction_weight=0.4` → ("loss.reconstruction_weight", 0.4) (YAML-typed).
 
@@ -212,14 +193,15 @@ def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
+    doc = None
     if cls is not None:
         key = current_key(cls, key)
-    kind, nullable = _text_kind(_field_annotation(cls, key))
-    if kind is not None:
-        if nullable and raw.strip() in _YAML_NULLS:
+        doc = key_docs(cls).get(key)
+    if doc is not None and doc.text is not None:
+        if doc.nullable and raw.strip() in _YAML_NULLS:
             return key, None
         # A path keeps every character; a choice (pooler=mean) never has outer blanks.
-        return key, raw if kind == "str" else raw.strip()
+        return key, raw if doc.text == "str" else raw.strip()
     try:
         value = read_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as error:

@@ -25,7 +25,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -112,6 +112,10 @@ class KeyDoc:
     help: str
     kinds: str  # "an integer or null", "one of ['mean', 'cls']"
     bounds: str  # ">= 2", "in (0, 1)", or ""
+    # "str" (a path, a name) or "choice" (one of some strings) when the value is text; None
+    # for any other kind, or several. An override of a text key is taken as written.
+    text: Literal["str", "choice"] | None
+    nullable: bool
 
 
 @functools.cache
@@ -119,13 +123,10 @@ def key_docs(cls: type) -> dict[str, KeyDoc]:
     """Every leaf setting of `cls`, in declaration order, from pydantic's JSON schema."""
     schema = _adapter(cls).json_schema()
     docs: dict[str, KeyDoc] = {}
-    _collect(schema, schema.get("$defs", {}), "", docs)
-    # The defaults of an instance: a schema shows neither a factory's value nor a section
+    # Defaults from an instance: a schema shows neither a factory's value nor a section
     # default that a subclass overrides (InfoCSE's output.dir).
-    built = dataclasses.asdict(cls())
-    return {
-        key: dataclasses.replace(doc, default=lookup(built, key)[1]) for key, doc in docs.items()
-    }
+    _collect(schema, schema.get("$defs", {}), dataclasses.asdict(cls()), "", docs)
+    return docs
 
 
 def section_keys(cls: type, dotted: str) -> list[str]:
@@ -136,20 +137,25 @@ def section_keys(cls: type, dotted: str) -> list[str]:
     )
 
 
-def _collect(schema: dict, defs: dict, prefix: str, docs: dict[str, KeyDoc]) -> None:
+def _collect(
+    schema: dict, defs: dict, defaults: dict, prefix: str, docs: dict[str, KeyDoc]
+) -> None:
     for name, prop in schema.get("properties", {}).items():
         key = f"{prefix}{name}"
         nested = _section_schema(prop, defs)
         if nested is not None:
-            _collect(nested, defs, f"{key}.", docs)
+            _collect(nested, defs, defaults[name], f"{key}.", docs)
             continue
         options = prop.get("anyOf", [prop])
+        values = [option for option in options if option.get("type") != "null"]
         docs[key] = KeyDoc(
             key=key,
-            default=prop.get("default"),
+            default=defaults[name],
             help=prop.get("description", ""),
-            kinds=" or ".join(dict.fromkeys(_kind(option, defs) for option in options)),
+            kinds=" or ".join(dict.fromkeys(_kind(option) for option in options)),
             bounds=next(filter(None, (_bounds(option) for option in options)), ""),
+            text=_text(values[0]) if len(values) == 1 else None,
+            nullable=len(values) < len(options),
         )
 
 
@@ -171,13 +177,19 @@ _KINDS = {
 }
 
 
-def _kind(option: dict, defs: dict) -> str:
+def _text(option: dict) -> Literal["str", "choice"] | None:
+    if option.get("type") != "string":
+        return None
+    return "choice" if "enum" in option or "const" in option else "str"
+
+
+def _kind(option: dict) -> str:
     if "enum" in option:
         return f"one of {option['enum']}"
     if "const" in option:
         return repr(option["const"])
     if option.get("type") == "array":
-        item = _kind(option.get("items", {}), defs)
+        item = _kind(option.get("items", {}))
         if item.startswith("one of "):
             return f"a list of items from {item.removeprefix('one of ')}"
         return f"a list of {item.removeprefix('an ').removeprefix('a ')}s"
@@ -210,7 +222,7 @@ def _describe(cls: type, tree: dict, error: ValidationError) -> str:
     docs = key_docs(cls)
     first = error.errors()[0]
     key = _key_of(cls, first["loc"])
-    found, value = lookup(tree, key)
+    value = lookup(tree, key)[1]
     item = _list_index(first["loc"])
     if item is not None and first["type"] in _RANGE_ERRORS and isinstance(value, list):
         key, value = f"{key}[{item}]", value[item]  # one item of a list setting is refused
@@ -225,7 +237,7 @@ def _describe(cls: type, tree: dict, error: ValidationError) -> str:
         return f"{key}: expected a mapping of its keys, got {shown}"
     about = f" — {doc.help}" if doc.help else ""
     if first["type"] in _RANGE_ERRORS:
-        null = " or null" if "null" in doc.kinds.split(" or ") else ""
+        null = " or null" if doc.nullable else ""
         return f"{key}: must be {doc.bounds}{null}, got {shown}{about}"
     message = f"{key}: expected {doc.kinds}, got {shown}"
     if "a string" in doc.kinds and not isinstance(value, str) and value is not None:
