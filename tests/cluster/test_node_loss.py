@@ -286,6 +286,9 @@ def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen:
     drivers = {a.node_id for a in _actors("ImplicitFunc")} | {
         a.node_id for a in _actors("TrainController")
     }
+    seen["actors_on_it"] = sorted(a.class_name for a in _actors("") if a.node_id == victim.node_id)
+    seen["feeder_nodes"] = sorted(a.node_id for a in _actors("GlobalBatchFeeder"))
+    seen["rank0_nodes"] = sorted(node.node_id for node in workers.values())
     seen.update(
         worker_nodes=len(set(workers.values())),
         lost_run=ready[0],
@@ -295,7 +298,8 @@ def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen:
     cluster.remove_node(victim)
     timeline.add(
         f"node removed: trial run {ready[0]} (checkpoint at step {seen['lost_at']}) trained "
-        f"there; trials on 2 nodes; a trial driver on it: {not seen['only_workers']}"
+        f"there; trials on 2 nodes; a trial driver on it: {not seen['only_workers']}; "
+        f"actors on it: {seen['actors_on_it']}"
     )
     while not stop.is_set():
         if ready[0] in _trial_worker_nodes(cluster):
@@ -349,6 +353,8 @@ def test_tune_node_lost_mid_search_resumes_only_the_trial_on_it(
 
     assert "lost_run" in seen, f"the search ended before a node was lost:\n{timeline}"
     assert seen["worker_nodes"] == 2, f"the trials shared a node: {seen}"
+    # Each run's feeder sits on its rank 0's node, so a lost node takes no other run's feeder.
+    assert seen["feeder_nodes"] == seen["rank0_nodes"], seen
     assert not search.interrupted
     analysis = ray_tune.ExperimentAnalysis(search.experiment_path)
     assert [t.status for t in analysis.trials] == ["TERMINATED"] * 2
