@@ -86,10 +86,11 @@ REMOVED_KEYS = {
 }
 
 
+log = logging.getLogger("distributed_emb")
+
 # Keys that moved to the one vocabulary (a concept has one key in every job): a config class
 # lists its own in `KEY_ALIASES` (old → new; a key ending in "." moves a whole section, "" is the
 # top level). The old key still works for now, with a warning naming the new one.
-log = logging.getLogger("distributed_emb")
 
 
 def _aliases(cls: type) -> list[tuple[str, str]]:

@@ -9,12 +9,12 @@ Pydantic validates a whole tree of sections (a YAML file merged with overrides) 
 declarations, strictly: a string is never read as a number, a float never as an integer. The
 same declarations, read through pydantic's JSON schema, give `--help` (each key's default,
 range and meaning) and the wording of every error: the key, the allowed values and the value
-given (`train.batch_size: must be >= 2, got 1 (rows per worker per step)`).
+given (`train.batch_size: must be >= 2, got 1 — rows per worker per step`).
 
-Why pydantic and standard dataclasses (docs/ARCHITECTURE.md, "Settings"): the sections stay
-plain dataclasses that the code builds, copies and pickles to Ray workers as before, while
-pydantic checks types, unions (`int | list[int]`, `bool | "auto"`), literals and ranges from
-the annotations alone.
+Why pydantic and standard dataclasses (docs/ARCHITECTURE.md, "Each setting declared once"):
+the sections stay plain dataclasses that the code builds, copies and pickles to Ray workers as
+before, while pydantic checks types, unions (`int | list[int]`, `bool | "auto"`), literals and
+ranges from the annotations alone.
 """
 
 from __future__ import annotations

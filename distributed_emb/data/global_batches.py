@@ -294,10 +294,10 @@ class RankStream:
             name = f"feeder-{uuid.uuid4().hex[:12]}"
             here = ray.get_runtime_context().get_node_id()
             # Hard affinity: Ray places an actor that asks for no resources on a random node
-            # whatever a soft affinity says (measured on Ray 2.60: always another node), and a
-            # feeder there ties this run to a node it does not train on, so losing that node
-            # restarts a run that lost nothing (tests/cluster/test_node_loss.py). Rank 0's node
-            # is alive while rank 0 runs here.
+            # whatever a soft affinity says (Ray 2.60 picked another node each time it was
+            # tried), and a feeder there ties this run to a node it does not train on, so
+            # losing that node restarts a run that lost nothing
+            # (tests/cluster/test_node_loss.py). Rank 0's node is alive while rank 0 runs here.
             feeder = (
                 ray.remote(GlobalBatchFeeder)
                 .options(

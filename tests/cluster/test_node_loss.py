@@ -272,7 +272,8 @@ def _trial_worker_nodes(cluster) -> dict[str, object]:
 
 def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen: dict):
     """Once both trials train on different nodes and one of them has a checkpoint after step
-    0, remove that trial's node; note whether a trial driver or Train controller was on it."""
+    0, remove that trial's node; note whether a trial driver or Train controller was on it,
+    which actors it held and where each run's feeder was."""
     while not stop.is_set():
         states = _trainer_states(s3, bucket)
         workers = _trial_worker_nodes(cluster)
@@ -283,17 +284,20 @@ def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen:
     else:
         return
     victim = workers[ready[0]]
-    drivers = {a.node_id for a in _actors("ImplicitFunc")} | {
-        a.node_id for a in _actors("TrainController")
+    alive = _actors("")  # one listing: where every actor is at the moment of the loss
+    drivers = {
+        a.node_id
+        for a in alive
+        if "ImplicitFunc" in a.class_name or "TrainController" in a.class_name
     }
-    seen["actors_on_it"] = sorted(a.class_name for a in _actors("") if a.node_id == victim.node_id)
-    seen["feeder_nodes"] = sorted(a.node_id for a in _actors("GlobalBatchFeeder"))
-    seen["rank0_nodes"] = sorted(node.node_id for node in workers.values())
     seen.update(
         worker_nodes=len(set(workers.values())),
         lost_run=ready[0],
         lost_at=states[ready[0]][-1]["step"],
         only_workers=victim.node_id not in drivers,
+        actors_on_it=sorted(a.class_name for a in alive if a.node_id == victim.node_id),
+        feeder_nodes=sorted(a.node_id for a in alive if "GlobalBatchFeeder" in a.class_name),
+        rank0_nodes=sorted(node.node_id for node in workers.values()),
     )
     cluster.remove_node(victim)
     timeline.add(
