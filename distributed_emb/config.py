@@ -719,6 +719,24 @@ class EvalConfig:
     score_start: Annotated[
         bool, Field(description="score the starting model (step 0) before training")
     ] = True
+    # train/selection.py: what chooses is one reported score (select_score), whichever it is.
+    retrieval_dir: Annotated[
+        str | None,
+        Field(
+            description="a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) "
+            "every evaluation also scores: nDCG@10 × 100 of each split but train and test, "
+            "as retrieval_<split>_ndcg_at_10; every worker reads it"
+        ),
+    ] = None
+    select_by: Annotated[
+        str,
+        Field(
+            description="what chooses the exported checkpoint (and Tune's best trial): "
+            "stsb_dev (STS-B dev Spearman), or retrieval:<split> (nDCG@10 on that split of "
+            "eval.retrieval_dir, e.g. retrieval:dev; never test); STS-B dev is reported "
+            "either way"
+        ),
+    ] = "stsb_dev"
 
 
 @section
@@ -950,6 +968,7 @@ class TrainingConfig:
                 "eval.senteval_dir",
                 f"{e.senteval_dir} is not a directory",
             )
+        validate_selection(e)
         _require(bool(o.dir.strip()), "output.dir", "is empty")
         validate_ray_config(self.ray)
         validate_export_config(self.export)
@@ -963,15 +982,16 @@ class TrainingConfig:
         return local_model_dir(self.model.path or default_model_path())
 
     def make_paths_absolute(self) -> None:
-        """output.dir, and model directories given relative to this directory, made absolute:
-        Ray Train workers run in other working directories (on a cluster, other machines;
-        rank 0 writes run.log there, every worker loads the models). A hub name, or a path
-        that is not a directory here, stays as given."""
+        """output.dir, and model and retrieval directories given relative to this directory,
+        made absolute: Ray Train workers run in other working directories (on a cluster, other
+        machines; rank 0 writes run.log there, every worker loads the models and reads the
+        retrieval data). A hub name, or a path that is not a directory here, stays as given."""
         self.output.dir = str(Path(self.output.dir).expanduser().resolve())
         for holder, key in (
             (self.model, "path"),
             (self.model, "compression_head"),
             (self.loss, "distill_teacher"),
+            (self.eval, "retrieval_dir"),
         ):
             value = getattr(holder, key)
             if value is not None and Path(value).expanduser().is_dir():
@@ -984,6 +1004,21 @@ def training_sections(config: TrainingConfig) -> TrainingConfig:
     return TrainingConfig(
         **{f.name: getattr(config, f.name) for f in dataclasses.fields(TrainingConfig)}
     )
+
+
+def validate_selection(e: EvalConfig) -> None:
+    """eval.select_by names STS-B dev or a split that eval.retrieval_dir holds (not test)."""
+    from distributed_emb.selection import check_select_by
+
+    splits = None
+    if e.retrieval_dir is not None:
+        from distributed_emb.data.beir_layout import BeirDataError, list_splits
+
+        try:
+            splits = list_splits(e.retrieval_dir)
+        except BeirDataError as error:
+            raise ConfigError(f"eval.retrieval_dir: {error}") from None
+    check_select_by(e.select_by, e.retrieval_dir, splits)
 
 
 def validate_worker_counts(t: TrainLoopConfig) -> None:

@@ -26,3 +26,29 @@ def shipped_corpus(name: str) -> str:
 def shipped_senteval_dir() -> str:
     """A SentEval `data/downstream` directory holding only STS-B (shipped for dev selection)."""
     return str(RESOURCES / "senteval" / "downstream")
+
+
+# A retrieval directory may be named by the set the package ships (`eval.retrieval_dir:
+# shipped:news`, `evaluate.py --retrieval shipped:news`): a YAML default cannot hold the path
+# of an installed package.
+SHIPPED_PREFIX = "shipped:"
+
+
+def resolve_retrieval_dir(directory: str) -> str:
+    """`shipped:news` → the shipped news set's directory; any other value as given."""
+    if not directory.startswith(SHIPPED_PREFIX):
+        return directory
+    name = directory[len(SHIPPED_PREFIX) :]
+    shipped = {"news": shipped_news_retrieval_dir}
+    if name not in shipped:
+        raise FileNotFoundError(
+            f"{directory}: no shipped retrieval set {name!r}; shipped: "
+            + ", ".join(SHIPPED_PREFIX + known for known in shipped)
+        )
+    return shipped[name]()
+
+
+def shipped_news_retrieval_dir() -> str:
+    """The shipped news retrieval set in the BEIR layout (corpus.jsonl, queries.jsonl,
+    qrels/dev.tsv, qrels/test.tsv), built by `evaluation/news_retrieval.py`."""
+    return str(RESOURCES / "retrieval" / "news")

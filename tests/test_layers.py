@@ -20,6 +20,7 @@ LAYERS = [
         "storage",
         "console",
         "settings",
+        "selection",
     },
     {"data", "losses"},  # what is read and what is optimised: no settings of their own kind
     {"config"},  # the training settings (declared over data's and losses' sections)

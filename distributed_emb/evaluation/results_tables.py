@@ -36,6 +36,28 @@ def _row_table(group: str, tasks: tuple[str, ...], results: dict) -> list[str]:
     return lines
 
 
+BEIR_COLUMNS = {
+    "ndcg@10": "nDCG@10",
+    "map@100": "MAP@100",
+    "recall@10": "R@10",
+    "recall@100": "R@100",
+    "mrr@10": "MRR@10",
+}
+
+
+def _beir_table(splits: dict) -> list[str]:
+    """One row per split of a BEIR directory: its five metrics and its sizes."""
+    names = ["split", *BEIR_COLUMNS.values(), "queries", "corpus"]
+    rows = [
+        [split]
+        + [f"{r['metrics'][m]:.2f}" for m in BEIR_COLUMNS]
+        + [str(r["n_queries"]), str(r["n_corpus"])]
+        for split, r in splits.items()
+    ]
+    width = max(9, *(len(cell) + 2 for row in [names, *rows] for cell in row))
+    return ["".join(cell.rjust(width) for cell in row) for row in [names, *rows]]
+
+
 def format_results(output: dict) -> str:
     """Tables like SimCSE's: 7 STS (Spearman × 100), 7 transfer (accuracy), then the rest."""
     lines = [f"model: {output['model']} (pooler: {output['pooler'] or 'as saved'})"]
@@ -53,6 +75,9 @@ def format_results(output: dict) -> str:
             + "  ".join(f"R@{k.split('@')[1]} {r[k]:.2f}" for k in ks)
             + f"  MRR {r['mrr']:.2f}",
         ]
+    if output.get("beir"):
+        lines += ["", f"Retrieval, BEIR layout ({output['retrieval_dir']}): x 100, cosine"]
+        lines += _beir_table(output["beir"])
     for task, r in (output.get("geometry") or {}).items():
         lines += [
             "",
@@ -70,6 +95,7 @@ def format_results(output: dict) -> str:
         per_task = ", ".join(
             f"{DISPLAY_NAMES.get(t, t)} {r['wall_s']:.1f} s"
             for t, r in (output.get(group) or {}).items()
+            if "wall_s" in r  # BEIR splits share one search: the group's time only
         )
         per_task = f" ({per_task})" if per_task else ""
         lines.append(f"  {group}: {timing['total_s']:.1f} s{encode}{per_task}")

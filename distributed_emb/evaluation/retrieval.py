@@ -89,6 +89,17 @@ def metrics_from_ranks(ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10)) -> dic
     return out
 
 
+def per_query_from_ranks(
+    ranks: np.ndarray, ks: Sequence[int] = (1, 5, 10)
+) -> dict[str, list[float]]:
+    """Each query's Recall@k (0 or 100) and reciprocal rank × 100, in query order: the values
+    :func:`metrics_from_ranks` averages, kept for paired comparisons (evaluation/comparison.py)."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    out = {f"recall@{k}": ((ranks <= k) * 100.0).tolist() for k in ks}
+    out["mrr"] = (100.0 / ranks).tolist()
+    return out
+
+
 def retrieval_metrics(
     query_embeddings: np.ndarray,
     corpus_embeddings: np.ndarray,
@@ -102,14 +113,17 @@ def retrieval_metrics(
 
 def evaluate_retrieval(
     encode: Encoder, task: RetrievalTask, ks: Sequence[int] = (1, 5, 10)
-) -> dict[str, float]:
-    """Encode queries and corpus in one call and score the task."""
+) -> dict:
+    """Encode queries and corpus in one call and score the task; ``per_query`` holds each
+    query's values (:func:`per_query_from_ranks`)."""
     corpus, positive_index = task.corpus()
     embeddings = np.asarray(encode(list(task.queries) + corpus))  # (q + c, d)
     n_queries = len(task.queries)
-    result = retrieval_metrics(embeddings[:n_queries], embeddings[n_queries:], positive_index, ks)
+    ranks = positive_ranks(embeddings[:n_queries], embeddings[n_queries:], positive_index)
+    result: dict = metrics_from_ranks(ranks, ks)
     result["n_queries"] = n_queries
     result["n_corpus"] = len(corpus)
+    result["per_query"] = per_query_from_ranks(ranks, ks)
     return result
 
 

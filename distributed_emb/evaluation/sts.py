@@ -68,13 +68,26 @@ def encode_pairs(encode: Encoder, data: StsData) -> tuple[np.ndarray, np.ndarray
     return embeddings[:n], embeddings[n:]
 
 
-def sts_spearman(encode: Encoder, data: StsData) -> float:
-    """Spearman × 100 of cosine similarity against the gold scores of `data`.
+def sts_cosines(encode: Encoder, data: StsData) -> np.ndarray:
+    """The model's prediction for each pair of `data`: the cosine of its two sentences, (n,).
 
     `encode` maps a list of sentences to an (n, d) array in the same order.
     """
-    embeddings1, embeddings2 = encode_pairs(encode, data)
-    return spearman_of_embeddings(embeddings1, embeddings2, data.scores)
+    return pair_cosines(*encode_pairs(encode, data))
+
+
+def sts_spearman(encode: Encoder, data: StsData) -> float:
+    """Spearman × 100 of cosine similarity against the gold scores of `data`."""
+    return spearman_x100(sts_cosines(encode, data), data.scores)
+
+
+def per_pair(cosines: np.ndarray, gold_scores: np.ndarray) -> dict[str, list[float]]:
+    """What a paired comparison of two models on an STS set needs (evaluation/comparison.py):
+    each pair's cosine and gold score, in the set's order, as JSON-ready lists."""
+    return {
+        "cosine": np.asarray(cosines, dtype=np.float64).tolist(),
+        "gold": np.asarray(gold_scores, dtype=np.float64).tolist(),
+    }
 
 
 def read_stsb(split: str, senteval_dir: str | None = None, max_pairs: int | None = None) -> StsData:
@@ -123,7 +136,8 @@ def aggregate_subsets(
 
 
 def sts_subsets_spearman(encode: Encoder, subsets: list[StsData]) -> dict:
-    """Encode every subset (one `encode` call) and aggregate (see :func:`aggregate_subsets`)."""
+    """Encode every subset (one `encode` call) and aggregate (see :func:`aggregate_subsets`);
+    ``per_pair`` holds every subset's pairs, pooled in subset order."""
     merged = StsData(
         [s for d in subsets for s in d.sentences1],
         [s for d in subsets for s in d.sentences2],
@@ -140,4 +154,5 @@ def sts_subsets_spearman(encode: Encoder, subsets: list[StsData]) -> dict:
     )
     for data in subsets:
         result["subsets"][data.name.split("/")[-1]]["n_unscored"] = data.n_unscored
+    result["per_pair"] = per_pair(cosines, merged.scores)  # pooled, as "all"
     return result

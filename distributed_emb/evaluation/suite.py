@@ -20,10 +20,16 @@ import numpy as np
 from pydantic import Field
 
 from distributed_emb.config import ConfigError, RayConfig, validate_ray_config
+from distributed_emb.evaluation import beir
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.geometry import sts_geometry
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
-from distributed_emb.evaluation.sts import sts_spearman, sts_subsets_spearman
+from distributed_emb.evaluation.sts import (
+    per_pair,
+    spearman_x100,
+    sts_cosines,
+    sts_subsets_spearman,
+)
 from distributed_emb.evaluation.transfer import (
     TransferConfig,
     evaluate_binary,
@@ -141,12 +147,36 @@ class TaskSelection:
     ] = None
     # Names are resolved in validate(): a comma list is one item.
     tasks: Annotated[
-        list[str],
+        list[str] | None,
         Field(
             description="groups (all, sts, transfer, retrieval, geometry) or task names "
-            "(STS12 … SICKRelatedness, MR … MRPC), each item a name or a comma list"
+            "(STS12 … SICKRelatedness, MR … MRPC), each item a name or a comma list; null: "
+            "all, or none when eval.retrieval_dir is given (a BEIR-only run)"
         ),
-    ] = field(default_factory=lambda: ["all"])
+    ] = None
+    retrieval_dir: Annotated[
+        str | None,
+        Field(
+            description="a directory in the BEIR layout (corpus.jsonl, queries.jsonl, "
+            "qrels/<split>.tsv) to score retrieval on: nDCG@10, MAP@100, R@10, R@100, MRR@10; "
+            "null: none"
+        ),
+    ] = None
+    retrieval_splits: Annotated[
+        list[str] | None,
+        Field(
+            description="the splits (qrels/<split>.tsv) of eval.retrieval_dir to score; "
+            "null: every split there"
+        ),
+    ] = None
+    baseline_model: Annotated[
+        str | None,
+        Field(
+            description="a second model scored on the same tasks; each STS task and retrieval "
+            "split then reports candidate − baseline with its paired-bootstrap 95% interval; "
+            "null: no comparison"
+        ),
+    ] = None
 
 
 @section
@@ -177,14 +207,36 @@ class EvaluationConfig:
             raise ConfigError(f"model.path: {model} is not a model directory")
         if directory is not None and not Path(directory).is_dir():
             raise ConfigError(f"eval.senteval_dir: {directory} is not a directory")
+        baseline = self.eval.baseline_model
+        if baseline is not None and not Path(baseline).is_dir():
+            raise ConfigError(f"eval.baseline_model: {baseline} is not a model directory")
+        beir_dir, splits = self.eval.retrieval_dir, self.eval.retrieval_splits
+        if beir_dir is not None:
+            try:  # a directory, or the shipped set it names (shipped:news)
+                beir.list_splits(beir_dir)
+            except beir.BeirDataError as error:
+                raise ConfigError(f"eval.retrieval_dir: {error}") from None
+        if splits is not None and beir_dir is None:
+            raise ConfigError("eval.retrieval_splits: given without eval.retrieval_dir")
+        if splits is not None and not splits:
+            raise ConfigError("eval.retrieval_splits: is empty; give a split or null (all)")
         if not self.retrieval.ks:
             raise ConfigError("retrieval.ks: is empty; give at least one k >= 1")
         self.transfer.validate("transfer")
         try:
-            resolve_tasks(self.eval.tasks)
+            senteval_tasks(self.eval)
         except ValueError as err:
             raise ConfigError(f"eval.tasks: {err}") from None
         validate_ray_config(self.ray)
+
+
+def senteval_tasks(selection: TaskSelection) -> dict[str, list[str]]:
+    """The SentEval tasks to run, {group: [tasks]}: eval.tasks, or when it is unset every
+    task — none when eval.retrieval_dir is given, so that a BEIR directory alone is a
+    BEIR-only run."""
+    if selection.tasks is None:
+        return {} if selection.retrieval_dir else resolve_tasks(["all"])
+    return resolve_tasks(selection.tasks)
 
 
 def resolve_tasks(names: list[str]) -> dict[str, list[str]]:
@@ -228,7 +280,12 @@ def _pairs_sentences(data) -> list[str]:
 
 
 def _sts_single(encode: Encoder, data: sd.StsData, _config) -> dict:
-    return {"spearman": sts_spearman(encode, data), "n": len(data)}
+    cosines = sts_cosines(encode, data)  # (n,)
+    return {
+        "spearman": spearman_x100(cosines, data.scores),
+        "n": len(data),
+        "per_pair": per_pair(cosines, data.scores),
+    }
 
 
 def _task_specs() -> dict[str, TaskSpec]:
@@ -342,6 +399,39 @@ def run_group(
     return {"results": results, "skipped": skipped, "timing": timings}
 
 
+def beir_splits(selection: TaskSelection) -> list[str]:
+    """eval.retrieval_splits, or every split of eval.retrieval_dir; BeirDataError when there
+    is none."""
+    directory = selection.retrieval_dir
+    splits = selection.retrieval_splits or beir.list_splits(directory)
+    if not splits:
+        raise beir.BeirDataError(
+            f"{Path(directory) / beir.QRELS_DIR}: no <split>.tsv files; {beir.EXPECTED_LAYOUT}"
+        )
+    return splits
+
+
+def run_beir(directory: str, splits: list[str], encode: Encoder) -> dict:
+    """Score every split of a BEIR directory, the corpus embedded (shard by shard) once for
+    all of them; the split's per-query values are kept for paired comparisons."""
+    started = time.perf_counter()
+    encode_s = 0.0
+
+    def timed_encode(texts: list[str]) -> np.ndarray:
+        nonlocal encode_s
+        start = time.perf_counter()
+        embeddings = encode(texts)
+        encode_s += time.perf_counter() - start
+        return embeddings
+
+    results = beir.evaluate_splits(timed_encode, directory, splits)
+    for split, result in results.items():
+        metrics = ", ".join(f"{name} {value:.2f}" for name, value in result["metrics"].items())
+        log.info("BEIR %s (%d queries): %s", split, result["n_queries"], metrics)
+    timing = {"encode_s": encode_s, "total_s": time.perf_counter() - started}
+    return {"results": results, "timing": timing}
+
+
 def encodes_with_ray(config: EvaluationConfig) -> bool:
     return use_encoding_pool(config.encode.use_ray, config.encode.concurrency, config.ray.address)
 
@@ -377,10 +467,15 @@ def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
         "wall_time_s": {},
     }
     lookup = EmbeddingLookup([], np.zeros((0, 0), dtype=np.float32))
-    for group, tasks in resolve_tasks(config.eval.tasks).items():
+    for group, tasks in senteval_tasks(config.eval).items():
         part = run_group(group, tasks, senteval_dir, encode, config, lookup)
         output[group] = part["results"]
         output["skipped"].extend(part["skipped"])
         output["wall_time_s"][group] = part["timing"]
+    if config.eval.retrieval_dir:
+        part = run_beir(config.eval.retrieval_dir, beir_splits(config.eval), encode)
+        output["retrieval_dir"] = config.eval.retrieval_dir
+        output["beir"] = part["results"]
+        output["wall_time_s"]["beir"] = part["timing"]
     output["wall_time_s"]["total_s"] = time.perf_counter() - started
     return output

@@ -22,6 +22,10 @@ global batch, and keeps its best *trained* checkpoint by STS-B dev (the start is
 candidate). Each is scored on the held-out documents (same-document retrieval), STS-B dev
 and STS-B test. Writes `compare.json` and `compare.md` to the output directory; the start
 (student) and, with `infocse_teacher`, the teacher (as that arm scored it) are rows too.
+Each arm's difference from the start on STS-B test and on the held-out test documents comes
+with its paired-bootstrap 95% interval (``vs_start`` in the JSON, a second table in the
+Markdown; evaluation/comparison.py): the test pairs and held-out queries resampled, both
+models scored on each resample.
 """
 
 from __future__ import annotations
@@ -37,10 +41,17 @@ from typing import Annotated
 
 from pydantic import Field
 
+from distributed_emb import storage
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import ConfigError, OutputConfig, require_range
 from distributed_emb.data.documents import read_documents
+from distributed_emb.evaluation.comparison import compare_results
+from distributed_emb.evaluation.document_retrieval import same_document_ranks
+from distributed_emb.evaluation.paired_bootstrap import PairedDifference
+from distributed_emb.evaluation.retrieval import metrics_from_ranks, per_query_from_ranks
+from distributed_emb.evaluation.sts import per_pair, read_stsb, spearman_x100, sts_cosines
 from distributed_emb.infocse.rounds import (
+    HeldOut,
     _initial_model,
     _split_held_out,
     _teacher,
@@ -49,6 +60,8 @@ from distributed_emb.infocse.rounds import (
     run_rounds,
 )
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
+from distributed_emb.model.embedder import Embedder
+from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
 from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
 from distributed_emb.train.trainer import run_training
@@ -65,6 +78,14 @@ COLUMNS = (
     ("stsb_dev", "STS-B dev"),
     ("stsb_test", "STS-B test"),
 )
+# The columns an arm's difference from the start is given an interval on: key → (group, task,
+# metric) of the per-item scores (:func:`scored_test_items`), as evaluation/comparison.py
+# names them.
+INTERVAL_COLUMNS = {
+    "heldout_recall_at_1": ("retrieval", "heldout", "recall@1"),
+    "heldout_mrr": ("retrieval", "heldout", "mrr"),
+    "stsb_test": ("sts", "STSBenchmark", None),
+}
 # What the comparison sets on top of the InfoCSE job's defaults (before the user's overrides).
 DEFAULTS = ["annotation.model=source", "student.num_layers=3", "rounds.max_rounds=1"]
 
@@ -103,6 +124,96 @@ def format_table(rows: list[dict]) -> str:
         for row in rows
     )
     return markdown_table(columns, cells, right_aligned="-" + "r" * (len(COLUMNS) + 2))
+
+
+def format_intervals(rows: list[dict]) -> str:
+    """Each arm's difference from the start (student), with its paired 95% interval, on the
+    test scores: a Markdown table (``*``: the interval excludes 0)."""
+
+    def cell(values: dict | None) -> str:
+        if values is None:
+            return "–"
+        difference = PairedDifference.from_dict(values)
+        return difference.format() + (" *" if difference.excludes_zero() else "")
+
+    titles = dict(COLUMNS)
+    columns = ["arm − start", *(titles[key] for key in INTERVAL_COLUMNS)]
+    cells = (
+        [row["arm"], *(cell(row["vs_start"].get(key)) for key in INTERVAL_COLUMNS)]
+        for row in rows
+        if row.get("vs_start")
+    )
+    return markdown_table(columns, cells, right_aligned="-" + "r" * len(INTERVAL_COLUMNS))
+
+
+def format_report(rows: list[dict]) -> str:
+    """compare.md: the scores, then each arm against the start with its interval."""
+    return (
+        f"{format_table(rows)}\n\nDifference from the start (student), paired-bootstrap 95% "
+        "interval (test pairs and held-out queries resampled; * excludes 0):\n\n"
+        f"{format_intervals(rows)}"
+    )
+
+
+def scored_test_items(model_dir: str, config, heldout: HeldOut | None) -> dict:
+    """STS-B test and same-document retrieval on the held-out test documents, per item (each
+    pair's cosine, each query's rank), shaped as the evaluation suite's output so that
+    evaluation/comparison.py compares two of them. Embedded as rounds.evaluate_dev embeds
+    (in this process, the training's pooler, batch and length)."""
+    training = config.training
+    local = storage.local_model_dir(model_dir)
+    embedder = Embedder(
+        local,
+        pooler=None if is_sentence_transformer_dir(local) else training.model.pooler,
+        batch_size=training.eval.batch_size,
+        max_seq_length=training.model.max_seq_length,
+        device="cpu",
+    )
+    test = read_stsb("test", training.eval.senteval_dir)
+    cosines = sts_cosines(embedder.embed, test)  # (n,)
+    items: dict = {
+        "model": model_dir,
+        "sts": {
+            "STSBenchmark": {
+                "spearman": spearman_x100(cosines, test.scores),
+                "n": len(test),
+                "per_pair": per_pair(cosines, test.scores),
+            }
+        },
+        "retrieval": {},
+    }
+    if heldout is not None and heldout.test is not None:
+        task = heldout.test
+        ranks = same_document_ranks(embedder.embed(list(task.sentences)), task.doc_index)
+        items["retrieval"]["heldout"] = {
+            **metrics_from_ranks(ranks, (1, 5, 10)),
+            "n_queries": len(task.sentences),
+            "per_query": per_query_from_ranks(ranks, (1, 5, 10)),
+        }
+    return items
+
+
+def row_scores(items: dict) -> dict:
+    """The row's test columns from :func:`scored_test_items`: the numbers the intervals are
+    about."""
+    scores = {"stsb_test": items["sts"]["STSBenchmark"]["spearman"]}
+    held = items["retrieval"].get("heldout")
+    if held is not None:
+        scores["heldout_mrr"] = held["mrr"]
+        for k in (1, 5, 10):
+            scores[f"heldout_recall_at_{k}"] = held[f"recall@{k}"]
+    return scores
+
+
+def intervals_from_start(start_items: dict, arm_items: dict) -> dict:
+    """{column: PairedDifference.as_dict()} of the arm minus the start (INTERVAL_COLUMNS)."""
+    comparison = compare_results(start_items, arm_items)
+    intervals = {}
+    for key, (group, task, metric) in INTERVAL_COLUMNS.items():
+        result = comparison[group].get(task)
+        if result is not None:
+            intervals[key] = result if metric is None else result[metric]
+    return intervals
 
 
 def _sentences_file(dataset, path: Path) -> int:
@@ -161,8 +272,16 @@ def run_comparison(config, output: Path, arms: list[str], informin_lambda: float
     student = _initial_model(config, output, round_state(config))
     teacher = _teacher(config) or config.training.model_path
     scoring = copy.deepcopy(config)
-    scoring.rounds.stsb_test = True  # every row's STS-B test, scored here once
-    rows = [{"arm": "start (student)", **evaluate_dev(student, scoring, heldout)}]
+    # STS-B test and the held-out test half: scored per item (scored_test_items), once a row.
+    scoring.rounds.stsb_test = False
+    dev_only = HeldOut(heldout.dev, None)
+
+    def score(model_dir: str) -> tuple[dict, dict]:
+        items = scored_test_items(model_dir, scoring, heldout)
+        return {**evaluate_dev(model_dir, scoring, dev_only), **row_scores(items)}, items
+
+    start_scores, start_items = score(student)
+    rows = [{"arm": "start (student)", **start_scores}]
     sentences = output / "train_sentences.txt"
     log.warning("%d training sentences → %s", _sentences_file(documents, sentences), sentences)
     for arm in arms:
@@ -193,9 +312,10 @@ def run_comparison(config, output: Path, arms: list[str], informin_lambda: float
         teacher_scores = row.pop("teacher", None)
         if teacher_scores is not None:  # STS-B test not scored there (rounds.stsb_test off)
             rows.append({"arm": "teacher (reference)", **teacher_scores})
-        row.update(arm=arm, **evaluate_dev(row["model_dir"], scoring, heldout))
+        scores, items = score(row["model_dir"])
+        row.update(arm=arm, **scores, vs_start=intervals_from_start(start_items, items))
         rows.append(row)
         log.warning("compare %s: %s", arm, json.dumps(row))
         write_text_atomic(output / "compare.json", json.dumps(rows, indent=2))
-        write_text_atomic(output / "compare.md", format_table(rows) + "\n")
+        write_text_atomic(output / "compare.md", format_report(rows) + "\n")
     return rows

@@ -4,11 +4,12 @@ round's pairs are mined with round r's best checkpoint so far.
 Sequential rounds leave one side idle: the annotation actors wait while the Train workers
 train, and the workers wait while the actors annotate. Here the Train controller sends every
 checkpoint it registers to the driver (:class:`CheckpointFeed`, a Ray Train callback, through a
-Ray queue); a driver thread (:class:`NextRoundAnnotator`) takes the best trained checkpoint by
-STS-B dev so far, exports it and annotates the documents with it while training goes on, one
-annotation at a time (a newer best that arrives meanwhile is mined next; the ones in between
-are skipped). Each annotation is a *version* (:class:`PairVersions`): its own directory,
-readable only once its COMMIT file is written, so a half-written version is never trained on.
+Ray queue); a driver thread (:class:`NextRoundAnnotator`) takes the best trained checkpoint so
+far by the training's selection score (eval.select_by: train/selection.py), exports it and
+annotates the documents with it while training goes on, one annotation at a time (a newer best
+that arrives meanwhile is mined next; the ones in between are skipped). Each annotation is a
+*version* (:class:`PairVersions`): its own directory, readable only once its COMMIT file is
+written, so a half-written version is never trained on.
 
 When round r's training ends, its kept step k is known:
 - the version mined with step k, committed or still running (then awaited), is the next
@@ -40,7 +41,7 @@ from ray.train import UserCallback
 
 from distributed_emb import storage
 from distributed_emb.infocse.annotate import AnnotationCounts
-from distributed_emb.model.model_card import DEV_METRIC
+from distributed_emb.selection import SELECT_METRIC
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,11 @@ COMMIT_FILE = "COMMIT"
 
 @dataclass(frozen=True)
 class Report:
-    """One checkpoint Ray Train registered: its step, STS-B dev and location on storage."""
+    """One checkpoint Ray Train registered: its step, selection score (eval.select_by) and
+    location on storage."""
 
     step: int
-    stsb_dev: float
+    score: float
     checkpoint: object  # ray.train.Checkpoint
 
 
@@ -61,7 +63,7 @@ class PairVersion:
     """Pairs mined with the model of one checkpoint (`step`) of the training that ran."""
 
     step: int
-    stsb_dev: float
+    score: float  # the checkpoint's selection score (eval.select_by)
     pairs_dir: str
     counts: AnnotationCounts
     annotate_s: float  # the annotation's own wall time, overlapped with training
@@ -98,6 +100,8 @@ class PairVersions:
             return None
         data = json.loads(text)
         data["counts"] = AnnotationCounts(**data["counts"])
+        if "stsb_dev" in data:  # committed before eval.select_by: the score was STS-B dev
+            data["score"] = data.pop("stsb_dev")
         return PairVersion(**data)
 
     def committed(self) -> list[PairVersion]:
@@ -126,10 +130,10 @@ class CheckpointFeed(UserCallback):
         self.queue = queue
 
     def after_report(self, run_context, metrics, checkpoint) -> None:
-        if checkpoint is None or not metrics or DEV_METRIC not in metrics[0]:
+        if checkpoint is None or not metrics or SELECT_METRIC not in metrics[0]:
             return
-        first = metrics[0]  # every rank reports the same step and (broadcast) dev score
-        self.queue.put(Report(int(first["step"]), float(first[DEV_METRIC]), checkpoint))
+        first = metrics[0]  # every rank reports the same step and (broadcast) scores
+        self.queue.put(Report(int(first["step"]), float(first[SELECT_METRIC]), checkpoint))
 
 
 Miner = Callable[[Report, str], tuple[str, AnnotationCounts]]
@@ -172,7 +176,7 @@ class NextRoundAnnotator:
     def _next(self) -> Report | None:
         """The best trained report so far, when it has no version yet."""
         for report in self._poll():
-            if report.step > 0 and (self._best is None or report.stsb_dev > self._best.stsb_dev):
+            if report.step > 0 and (self._best is None or report.score > self._best.score):
                 self._best = report
         best = self._best
         if best is None or self.versions.get(best.step) is not None:
@@ -193,8 +197,8 @@ class NextRoundAnnotator:
             self._error = error
 
     def _mine_version(self, report: Report) -> None:
-        log.warning("overlap: mining the next round's pairs with step %d (STS-B dev %.2f) "
-                    "while training goes on", report.step, report.stsb_dev)  # fmt: skip
+        log.warning("overlap: mining the next round's pairs with step %d (selection score "
+                    "%.2f) while training goes on", report.step, report.score)  # fmt: skip
         directory = self.versions.start(report.step)
         started = time.perf_counter()
         self._mining = report.step
@@ -203,7 +207,7 @@ class NextRoundAnnotator:
         finally:
             self._mining = None
         seconds = round(time.perf_counter() - started, 1)
-        self.versions.commit(PairVersion(report.step, report.stsb_dev, pairs_dir, counts, seconds))
+        self.versions.commit(PairVersion(report.step, report.score, pairs_dir, counts, seconds))
         log.warning("overlap: step %d's pairs committed (%d pairs, %.0f s)",
                     report.step, counts.pairs, seconds)  # fmt: skip
 

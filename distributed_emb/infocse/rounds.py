@@ -11,7 +11,9 @@ Teacher/student: the trained model (the student) is `model.path` or its first
 rounds 1..`annotation.teacher_rounds` in the student's place. Held-out documents
 (`heldout.*`, split by document) are never annotated or trained on; every round's model is
 scored on them by same-document retrieval (evaluation/document_retrieval.py), next to STS-B
-dev. Choosing the round and the export stays with STS-B dev.
+dev. `rounds.select_by` names the score that chooses the round and the export: STS-B dev, the
+held-out dev MRR, or `eval` (eval.select_by's: STS-B dev, or nDCG@10 on a split of the user's
+BEIR directory eval.retrieval_dir, which each round's training also keeps its checkpoint by).
 
 What a run leaves in `output_dir`: `rounds.json` and `rounds.md` (the table), `rounds.png`
 (STS-B dev, retrieval and mined pairs per round), `rounds_log.jsonl` and `tensorboard/` (one
@@ -39,6 +41,7 @@ from distributed_emb import storage
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
 from distributed_emb.config import TrainingConfig
 from distributed_emb.data.documents import read_documents
+from distributed_emb.evaluation.beir import evaluate_split
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
     evaluate_same_document,
@@ -69,6 +72,7 @@ from distributed_emb.model.sentence_transformer import (
 )
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.plots import Panel, write_panels
+from distributed_emb.selection import STSB_DEV, describe, retrieval_split
 from distributed_emb.tracking import MetricsSinks
 from distributed_emb.train.trainer import export_checkpoint, run_training
 
@@ -106,6 +110,9 @@ class RoundRecord:
     heldout_recall_at_5: float | None = None
     heldout_recall_at_10: float | None = None
     stsb_test: float | None = None  # rounds.stsb_test: reported, never used to choose
+    # nDCG@10 × 100 on the split of eval.retrieval_dir that eval.select_by names (the user's
+    # own dev set; rounds.select_by=eval chooses on it); None when eval.select_by is stsb_dev.
+    eval_retrieval_ndcg_at_10: float | None = None
     # rounds.overlap: the previous round's training step whose checkpoint mined this round's
     # pairs while that training ran (None: mined after it, as sequential rounds do). Then
     # annotate_s is only the wait for them once that round was done; overlapped_annotate_s is
@@ -128,8 +135,8 @@ class HeldOut:
 
 def evaluate_dev(model_dir: str, config: InfoCSEConfig, heldout: HeldOut | None = None) -> dict:
     """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process), plus
-    same-document retrieval on both halves of the held-out documents and STS-B test when
-    asked."""
+    same-document retrieval on both halves of the held-out documents, nDCG@10 on the
+    eval.select_by split of eval.retrieval_dir, and STS-B test when asked."""
     training = config.training
     model_dir = storage.local_model_dir(model_dir)
     pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
@@ -160,6 +167,10 @@ def evaluate_dev(model_dir: str, config: InfoCSEConfig, heldout: HeldOut | None 
         scores["heldout_mrr"] = held["mrr"]
         for k in (1, 5, 10):
             scores[f"heldout_recall_at_{k}"] = held[f"recall@{k}"]
+    split = retrieval_split(training.eval.select_by)
+    if split is not None:
+        own = evaluate_split(embedder.embed, training.eval.retrieval_dir, split)
+        scores["eval_retrieval_ndcg_at_10"] = own["metrics"]["ndcg@10"]
     if config.rounds.stsb_test:
         scores["stsb_test"] = stsb_score(embedder.embed, "test", training.eval.senteval_dir)
     return scores
@@ -408,7 +419,7 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         if rounds_without_gain >= config.rounds.patience:
             log.warning(
                 "%s stopped rising (best %.2f at round %d): stopping",
-                config.rounds.select_by,
+                _selection_name(config),
                 _selection_score(best, config),
                 best.round,
             )
@@ -432,9 +443,26 @@ def _record(row: dict) -> RoundRecord:
     return RoundRecord(**{k: v for k, v in row.items() if k in known})
 
 
+def _selection_field(config: InfoCSEConfig) -> str:
+    """The RoundRecord field rounds are chosen and stopped on: rounds.select_by's, where
+    "eval" is eval.select_by's (STS-B dev, or the eval.retrieval_dir split's nDCG@10)."""
+    if config.rounds.select_by != "eval":
+        return config.rounds.select_by
+    if retrieval_split(config.training.eval.select_by) is None:
+        return STSB_DEV
+    return "eval_retrieval_ndcg_at_10"
+
+
+def _selection_name(config: InfoCSEConfig) -> str:
+    """What chooses, for log lines: "heldout_dev_mrr", "nDCG@10 on retrieval dev"..."""
+    if config.rounds.select_by != "eval":
+        return config.rounds.select_by
+    return describe(config.training.eval.select_by)
+
+
 def _selection_score(record: RoundRecord, config: InfoCSEConfig) -> float:
     """The dev score rounds are chosen and stopped on (rounds.select_by)."""
-    return getattr(record, config.rounds.select_by)
+    return getattr(record, _selection_field(config))
 
 
 def _standing(records: list[RoundRecord], config: InfoCSEConfig) -> tuple[RoundRecord, int]:
@@ -524,15 +552,19 @@ def _follow_training(
 
 def _next_round_follows(config: InfoCSEConfig, best_dev: float, rounds_without_gain: int):
     """Would a next round run if this round's model were the checkpoint reported? The
-    stopping rule of run_rounds applied to the in-training STS-B dev, which scores the same
-    pairs as the round's evaluation when rounds are chosen on STS-B dev and
-    eval.max_pairs is unset; otherwise (held-out retrieval, or a subset of STS-B dev)
-    it is not comparable, and every report is worth mining."""
-    r = config.rounds
-    comparable = r.select_by == "stsb_dev" and config.training.eval.max_pairs is None
+    stopping rule of run_rounds applied to the in-training selection score (eval.select_by),
+    which is the round's own score when the rounds choose on that same score: the whole
+    retrieval split of rounds.select_by=eval, or STS-B dev with eval.max_pairs unset;
+    otherwise (held-out retrieval, a subset of STS-B dev, or rounds and training choosing on
+    different scores) it is not comparable, and every report is worth mining."""
+    r, e = config.rounds, config.training.eval
+    field = _selection_field(config)
+    comparable = (field == STSB_DEV and e.select_by == STSB_DEV and e.max_pairs is None) or (
+        field == "eval_retrieval_ndcg_at_10"
+    )
     if not comparable or rounds_without_gain + 1 < r.patience:
         return lambda report: True
-    return lambda report: report.stsb_dev > best_dev + r.min_improvement
+    return lambda report: report.score > best_dev + r.min_improvement
 
 
 def _adopt_version(
@@ -552,7 +584,7 @@ def _adopt_version(
         "counts": asdict(version.counts),
         "annotate_s": round(waited, 1),
         "mined_at_step": version.step,
-        "stsb_dev": version.stsb_dev,
+        "score": version.score,
         "overlapped_annotate_s": version.annotate_s,
     }
     state.commit_pairs(index, source)
@@ -617,6 +649,7 @@ _SCORE_FIELDS = (
     "heldout_recall_at_5",
     "heldout_recall_at_10",
     "stsb_test",
+    "eval_retrieval_ndcg_at_10",
 )
 
 
@@ -726,7 +759,7 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: 
         "best: round %d (%s), %s %.2f → exported to %s%s",
         best.round,
         best.stage,
-        config.rounds.select_by,
+        _selection_name(config),
         _selection_score(best, config),
         target,
         f" and {state.location('model')}" if state.remote else "",
@@ -736,7 +769,7 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: 
 HEADER = (
     f"{'round':>5} {'stage':>10} {'annot by':>8} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
     f"{'MRR':>6} {'R@1':>6} {'dev MRR':>8} {'held MRR':>8} {'held R@1':>8} {'held R@10':>9} "
-    f"{'STS-B test':>10} "
+    f"{'STS-B test':>10} {'nDCG@10':>8} "
     f"{'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7} {'mined at':>8}"
 )
 
@@ -753,7 +786,7 @@ def format_row(r: RoundRecord) -> str:
         f"{r.stsb_dev:>9.2f} {r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} "
         f"{_cell(r.heldout_dev_mrr, 8)} {_cell(r.heldout_mrr, 8)} "
         f"{_cell(r.heldout_recall_at_1, 8)} {_cell(r.heldout_recall_at_10, 9)} "
-        f"{_cell(r.stsb_test, 10)} {r.train_steps:>5} "
+        f"{_cell(r.stsb_test, 10)} {_cell(r.eval_retrieval_ndcg_at_10, 8)} {r.train_steps:>5} "
         f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f} "
         f"{'-' if r.mined_at_step is None else r.mined_at_step:>8}"
     )

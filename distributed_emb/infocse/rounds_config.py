@@ -57,14 +57,17 @@ class RoundsConfig:
             "used to choose)"
         ),
     ] = False
-    # The held-out test half and STS-B are reported beside it, never used to choose.
+    # The held-out test half and STS-B are reported beside it, never used to choose. "eval":
+    # the rounds choose on what each round's training chooses its checkpoint on.
     select_by: Annotated[
-        Literal["stsb_dev", "heldout_dev_mrr"],
+        Literal["stsb_dev", "heldout_dev_mrr", "eval"],
         Field(
             description="the dev score that chooses the exported round and stops the rounds: "
-            "STS-B dev Spearman, or same-document retrieval MRR on the dev half of the "
-            "held-out documents (the in-domain metric InfoCSE is for; needs heldout.fraction "
-            "> 0)"
+            "STS-B dev Spearman; same-document retrieval MRR on the dev half of the held-out "
+            "documents (the in-domain metric InfoCSE is for; needs heldout.fraction > 0); or "
+            "eval: whatever eval.select_by says (STS-B dev, or nDCG@10 on a split of "
+            "eval.retrieval_dir, the user's own dev set), the score each round's training "
+            "keeps its checkpoint by"
         ),
     ] = "stsb_dev"
     # infocse/overlap.py. Not with InfoCSE++: its rounds annotate with the supervised model.

@@ -1,6 +1,7 @@
 """The comparison: output sizes × methods × {dev avg (the heads' selection: STS-B dev and,
 where present, SICK-R dev), STS-B dev, STS-B test, SICK-R test, STS12–16, unseen-STS avg,
-STS avg, transfer avg, retrieval}, as a table and as a plot."""
+STS avg, transfer avg, retrieval}, as a table and as a plot; and each row's difference from
+the uncompressed encoder on every test set, with its paired-bootstrap 95% interval."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import math
 
 import numpy as np
 
+from distributed_emb.evaluation.comparison import compare_results
+from distributed_emb.evaluation.paired_bootstrap import PairedDifference
 from distributed_emb.evaluation.results_tables import headline
 from distributed_emb.plots import Panel
 from distributed_emb.tables import markdown_table
@@ -24,6 +27,15 @@ COLUMNS = (
     ("retrieval_mrr", "retrieval MRR"),
 )
 PLOT_FILE = "heads_vs_baselines.png"
+# The test sets an interval is given on, in table order: the table's key for STS-B, SICK-R
+# and the first retrieval task's MRR, each STS12–16 year by name.
+INTERVAL_COLUMNS = (
+    ("stsb_test", "STS-B test"),
+    ("sickr_test", "SICK-R test"),
+    *((year, year) for year in ("STS12", "STS13", "STS14", "STS15", "STS16")),
+    ("retrieval_mrr", "retrieval MRR"),
+)
+_STS_KEYS = {"STSBenchmark": "stsb_test", "SICKRelatedness": "sickr_test"}
 
 
 def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
@@ -75,6 +87,56 @@ def results_table(rows: list[dict]) -> str:
         header,
         ([str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in COLUMNS)]
          for row in rows),
+    )  # fmt: skip
+
+
+def paired_intervals(rows: list[dict], suite_outputs: dict[str, dict], seed: int = 0) -> dict:
+    """Each row minus the reference row (the uncompressed ``full`` encoder; the first row
+    when there is none) on every test set both were scored on: {"reference": "<method>-<dim>",
+    "rows": [{"dim", "method", "intervals": {INTERVAL_COLUMNS key: PairedDifference.as_dict()}}]}.
+    The items (test pairs, retrieval queries) are resampled and both rows scored on each
+    resample (evaluation/comparison.py); `suite_outputs` are the suite's outputs by
+    "<method>-<dim>", with their per-item values."""
+    if not rows:
+        return {"reference": None, "rows": []}
+    reference = next((row for row in rows if row["method"] == "full"), rows[0])
+    reference_key = f"{reference['method']}-{reference['dim']}"
+    out: dict = {"reference": reference_key, "rows": []}
+    for row in rows:
+        if row is reference:
+            continue
+        comparison = compare_results(
+            suite_outputs[reference_key], suite_outputs[f"{row['method']}-{row['dim']}"], seed
+        )
+        intervals = {
+            _STS_KEYS.get(task, task): result for task, result in comparison["sts"].items()
+        }
+        first_retrieval = next(iter(comparison["retrieval"].values()), None)
+        if first_retrieval is not None:
+            intervals["retrieval_mrr"] = first_retrieval["mrr"]
+        out["rows"].append({"dim": row["dim"], "method": row["method"], "intervals": intervals})
+    return out
+
+
+def intervals_table(intervals: dict) -> str:
+    """:func:`paired_intervals` as a Markdown table, the columns any row has; ``*`` marks an
+    interval that excludes 0."""
+    present = [
+        (key, title)
+        for key, title in INTERVAL_COLUMNS
+        if any(key in row["intervals"] for row in intervals["rows"])
+    ]
+
+    def cell(values: dict | None) -> str:
+        if values is None:
+            return "-"
+        difference = PairedDifference.from_dict(values)
+        return difference.format() + (" *" if difference.excludes_zero() else "")
+
+    return markdown_table(
+        ["dim", "method", *(title for _, title in present)],
+        ([str(row["dim"]), row["method"], *(cell(row["intervals"].get(key)) for key, _ in present)]
+         for row in intervals["rows"]),
     )  # fmt: skip
 
 

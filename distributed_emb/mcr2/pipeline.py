@@ -11,7 +11,8 @@
    suite on the tasks present in the SentEval directory; each distinct sentence is embedded
    once for all methods.
 5. `export_heads`, `write_outputs`: each head with its encoder as a SentenceTransformer
-   directory under ``models/``; ``results.json``, ``results.md`` (the table) and
+   directory under ``models/``; ``results.json``, ``results.md`` (the table, and each row's
+   difference from the uncompressed encoder with its paired 95% interval) and
    ``heads_vs_baselines.png``. ``training_sentences.parquet`` (text, cluster_id) and the heads
    under ``models/`` are what jobs/finetune_mcr2.py fine-tunes end to end.
 
@@ -53,6 +54,8 @@ from distributed_emb.mcr2.baselines import fit_baseline
 from distributed_emb.mcr2.comparison_report import (
     PLOT_FILE,
     comparison_panels,
+    intervals_table,
+    paired_intervals,
     results_table,
     summarise,
 )
@@ -202,6 +205,8 @@ def run(config: MCR2Config) -> dict:
     timings["total_s"] = time.perf_counter() - started
     results = {
         "table": evaluation.rows,
+        # Each row minus the uncompressed encoder on each test set, with its 95% interval.
+        "intervals": paired_intervals(evaluation.rows, evaluation.suite_outputs),
         "training": {
             "sentences": inputs.sentences.summary,
             "pairs": pairs_summary,
@@ -484,6 +489,11 @@ def _markdown_report(results: dict, table: str) -> str:
         "# MCR² compression run",
         "",
         table,
+        "",
+        f"Difference from {results['intervals']['reference']} on each test set, paired-bootstrap "
+        "95% interval (test pairs and queries resampled; * excludes 0):",
+        "",
+        intervals_table(results["intervals"]),
         "",
         f"- training sentences: {results['training']['sentences'].splitlines()[0]}",
         f"- pairs: {results['training']['pairs']}",

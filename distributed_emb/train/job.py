@@ -12,6 +12,7 @@ from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_inf
 from distributed_emb.model.model_card import position_limit
 from distributed_emb.paths import default_model_path
 from distributed_emb.resource_plan import cluster_from_ray, training_plan
+from distributed_emb.selection import STSB_DEV, describe
 from distributed_emb.storage import require_reachable
 from distributed_emb.train.run_identity import prepare_run
 
@@ -111,12 +112,22 @@ def summarise_run(metrics: dict) -> str:
         return "n/a" if value is None else format(value, spec)
 
     corpus = metrics.get("corpus") or {}
+    select_by = metrics.get("select_by", STSB_DEV)
+    chosen = []
+    if select_by != STSB_DEV:  # the score that chose, then STS-B dev at the same points
+        chosen = [
+            f"chosen on:        {describe(select_by)} {fmt(metrics.get('dev_before'))} → "
+            f"{fmt(metrics.get('dev_after'))} (best {fmt(metrics.get('dev_best'))} at step "
+            f"{metrics.get('best_step')}, exported)"
+        ]
+    exported = "best" if select_by == STSB_DEV else "exported"
     return "\n".join(
         [
             f"model:            {metrics.get('model_dir')}",
+            *chosen,
             f"STS-B dev:        {fmt(metrics.get('stsb_dev_before'))} → "
-            f"{fmt(metrics.get('stsb_dev_after'))} (best {fmt(metrics.get('stsb_dev_best'))} "
-            f"at step {metrics.get('best_step')})",
+            f"{fmt(metrics.get('stsb_dev_after'))} ({exported} "
+            f"{fmt(metrics.get('stsb_dev_best'))} at step {metrics.get('best_step')})",
             f"STS-B test:       {fmt(metrics.get('stsb_test'))} (exported model)",
             f"steps:            {metrics.get('steps')} × global batch "
             f"{metrics.get('global_batch')}",

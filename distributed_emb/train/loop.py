@@ -1,8 +1,9 @@
 """train_loop_per_worker: what every Ray Train worker runs, readable top to bottom.
 
-Rank 0 alone logs, evaluates STS-B dev and writes the checkpoint; every rank reports at the
-same steps (Ray Train needs all workers to report the same number of times), and every rank
-runs the same number of steps (gathers need every rank present).
+Rank 0 alone logs and writes the checkpoint; every rank embeds a share of each evaluation
+(STS-B dev, and the eval.retrieval_dir splits); every rank reports at the same steps (Ray Train
+needs all workers to report the same number of times), and every rank runs the same number of
+steps (gathers need every rank present).
 """
 
 from __future__ import annotations
@@ -29,10 +30,20 @@ from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
 from distributed_emb.data.global_batches import RankStream, batch_plan
+from distributed_emb.evaluation.beir import RetrievalSplit, list_splits, read_split
+from distributed_emb.evaluation.beir import retrieval_metrics as beir_metrics
+from distributed_emb.evaluation.beir import search as beir_search
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.compression_head import load_head
 from distributed_emb.model.embedder import embed_module
 from distributed_emb.model.encoder import TrainableEncoder
+from distributed_emb.selection import (
+    DEV_METRIC,
+    SELECT_METRIC,
+    retrieval_metric,
+    scored_splits,
+    selected_metric,
+)
 from distributed_emb.train.checkpointing import LoopState, load_loop_state, save_loop_state
 from distributed_emb.train.engine import build_engine
 from distributed_emb.train.grad_cache import cached_step
@@ -42,8 +53,6 @@ from distributed_emb.train.step import plain_step
 from distributed_emb.train.teacher import Teacher
 
 log = logging.getLogger(__name__)
-
-DEV_METRIC = "stsb_dev_spearman"
 
 
 def build_encoder(config: TrainingConfig) -> TrainableEncoder:
@@ -134,6 +143,8 @@ class WorkerRun:
         self.state = LoopState()
         self._restore()
 
+        # eval.retrieval_dir's splits, read once: every evaluation searches them again.
+        self.retrieval = retrieval_splits(config)
         self.collate = _collator(config, self.tokenizer, self.rank)
         self.row_log = (
             TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
@@ -247,19 +258,23 @@ class WorkerRun:
             self.evaluate_and_report()
 
     def evaluate_and_report(self, final: bool = False) -> None:
-        """Score STS-B dev (every rank embeds a share), report the metrics and a checkpoint
-        (every rank)."""
+        """Score STS-B dev and the retrieval splits (every rank embeds a share), report the
+        metrics, the selection score among them, and a checkpoint (every rank)."""
         state, rank = self.state, self.rank
         # The training window closes here and reopens after the checkpoint: evaluation and
         # checkpoint writing are not training throughput.
         window = self.progress.window_means()
         state.truncated += int(distributed.all_reduce_sum(self.truncated_since_report))
         self.truncated_since_report = torch.zeros_like(self.truncated_since_report)
-        # Every rank embeds its share of the dev sentences; rank 0's score is the one reported
-        # (all ranks compute the same; the broadcast makes that exact).
-        score = distributed.broadcast_object(_dev_score(self.encoder, self.tokenizer, self.config))
+        # Every rank embeds its share of the dev sentences; rank 0's scores are the ones
+        # reported (all ranks compute the same; the broadcast makes that exact).
+        scores = distributed.broadcast_object(
+            _dev_scores(self.encoder, self.tokenizer, self.config, self.retrieval)
+        )
+        selected = selected_metric(self.config.eval.select_by)
         metrics = {
-            DEV_METRIC: score,
+            **scores,
+            SELECT_METRIC: scores[selected],
             "step": state.step,
             "epoch": state.epoch,
             "sentences_seen": state.sentences_seen,
@@ -270,7 +285,7 @@ class WorkerRun:
             "final": final,
         }
         state.history.append({k: v for k, v in metrics.items() if k != "final"})
-        self.progress.print_eval(state.step, score, metrics)
+        self.progress.print_eval(state.step, scores[DEV_METRIC], metrics)
         _report(self.engine, state, metrics, self.config_dict, rank)
         self.progress.restart_clock()
 
@@ -364,10 +379,23 @@ def _step_function(config: TrainingConfig):
     return plain_step
 
 
-def _dev_score(encoder: TrainableEncoder, tokenizer, config: TrainingConfig) -> float:
-    """STS-B dev of the module being trained, embedded as its export will embed. Called on
-    every rank: each embeds 1/W of the sentences (distributed.map_sharded), so evaluation
-    takes 1/W of the time it took when rank 0 alone embedded them all."""
+def retrieval_splits(config: TrainingConfig) -> list[RetrievalSplit]:
+    """The splits of eval.retrieval_dir every evaluation scores (selection.scored_splits;
+    none without a directory)."""
+    directory = config.eval.retrieval_dir
+    if directory is None:
+        return []
+    splits = scored_splits(list_splits(directory), config.eval.select_by)
+    return [read_split(directory, split) for split in splits]
+
+
+def _dev_scores(
+    encoder: TrainableEncoder, tokenizer, config: TrainingConfig, retrieval: list[RetrievalSplit]
+) -> dict[str, float]:
+    """STS-B dev Spearman and nDCG@10 of each retrieval split (× 100) of the module being
+    trained, embedded as its export will embed. Called on every rank: each embeds 1/W of the
+    texts (distributed.map_sharded), so evaluation takes 1/W of the time it took when rank 0
+    alone embedded them all; every rank makes the same encode calls, as the gathers need."""
     include_mlp = config.model.mlp_head == "export"
 
     def embed(sentences: list[str]) -> np.ndarray:
@@ -383,7 +411,12 @@ def _dev_score(encoder: TrainableEncoder, tokenizer, config: TrainingConfig) -> 
     def encode(sentences: list[str]) -> np.ndarray:
         return distributed.map_sharded(sentences, embed, order_key=len)
 
-    return stsb_score(encode, "dev", config.eval.senteval_dir, config.eval.max_pairs)
+    e = config.eval
+    scores = {DEV_METRIC: stsb_score(encode, "dev", e.senteval_dir, e.max_pairs)}
+    for split in retrieval:
+        run = beir_search(encode, split)
+        scores[retrieval_metric(split.name)] = beir_metrics(split.qrels, run)["ndcg@10"]
+    return scores
 
 
 def _report(engine, state: LoopState, metrics: dict, config_dict: dict, rank: int) -> None:

@@ -218,7 +218,15 @@ class ProgressLog:
     def print_eval(self, step: int, score: float, metrics: dict | None = None) -> None:
         """The evaluation line; `metrics` (the loop's report) also goes to the sinks."""
         if self.enabled:
-            log.warning("step %d/%d STS-B dev Spearman %.2f", step, self.total_steps, score)
+            # eval.retrieval_dir's splits beside it (train/selection.py names their keys).
+            retrieval = "".join(
+                f", {key.removesuffix('_ndcg_at_10').replace('_', ' ')} nDCG@10 {value:.2f}"
+                for key, value in (metrics or {}).items()
+                if key.startswith("retrieval_") and key.endswith("_ndcg_at_10")
+            )
+            log.warning(
+                "step %d/%d STS-B dev Spearman %.2f%s", step, self.total_steps, score, retrieval
+            )
             self.sinks.log(step, metrics if metrics is not None else {"stsb_dev_spearman": score},
                            "eval")  # fmt: skip
 

@@ -28,10 +28,16 @@ from distributed_emb.model.model_card import card_info, export_max_seq_length, f
 from distributed_emb.model.sentence_transformer import ends_with_normalize
 from distributed_emb.plots import write_run_plots
 from distributed_emb.resource_plan import check_training_plan
+from distributed_emb.selection import (
+    DEV_METRIC,
+    SELECT_BY,
+    SELECT_METRIC,
+    best_row,
+)
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 from distributed_emb.train.layout import apply_layout
-from distributed_emb.train.loop import DEV_METRIC, build_encoder, train_loop_per_worker
+from distributed_emb.train.loop import build_encoder, train_loop_per_worker
 from distributed_emb.train.progress import resolve_progress_bar
 from distributed_emb.train.run_identity import prepare_run, resolve_run_name
 from distributed_emb.train.teacher import check_teacher
@@ -81,7 +87,9 @@ def build_trainer(
             storage_path=storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=config.output.checkpoints_to_keep,
-                checkpoint_score_attribute=DEV_METRIC,
+                # eval.select_by's score (train/selection.py): the kept checkpoints are the
+                # best by what the run chooses on.
+                checkpoint_score_attribute=SELECT_METRIC,
                 checkpoint_score_order="max",
             ),
             failure_config=FailureConfig(max_failures=train.max_failures),
@@ -146,7 +154,8 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
 def run_training(
     config: TrainingConfig, stream: TrainingStream | None = None, callbacks: list | None = None
 ) -> TrainingResult:
-    """Train with Ray Train, export the best checkpoint (by STS-B dev) and write metrics.json.
+    """Train with Ray Train, export the best checkpoint (by eval.select_by: STS-B dev, or
+    nDCG@10 on a split of eval.retrieval_dir) and write metrics.json.
     `stream`: what to train on (default: data/stream.py's choice for `config`). `callbacks`:
     Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
@@ -185,13 +194,20 @@ def run_training(
     if first.get("step") != 0:  # eval.score_start=false: the start was not scored here
         first = {}
     trained = [row for row in history if row.get("step", 0) > 0]
-    candidates = history if config.eval.start_is_candidate else trained
-    best_row = max(candidates, key=lambda row: row.get(DEV_METRIC, float("-inf")), default={})
+    chosen = best_row(history, config.eval.start_is_candidate) or {}
     metrics = {
+        # What chose the export (eval.select_by), and its score at the start, at the end and
+        # at the exported step.
+        SELECT_BY: config.eval.select_by,
+        "dev_before": first.get(SELECT_METRIC),
+        "dev_after": last.get(SELECT_METRIC),
+        "dev_best": chosen.get(SELECT_METRIC),
+        # STS-B dev at the same three points whatever chose: a retrieval choice must not
+        # quietly cost STS.
         "stsb_dev_before": first.get(DEV_METRIC),
         "stsb_dev_after": last.get(DEV_METRIC),
-        "stsb_dev_best": best_row.get(DEV_METRIC),
-        "best_step": best_row.get("step"),
+        "stsb_dev_best": chosen.get(DEV_METRIC),
+        "best_step": chosen.get("step"),
         "steps": last.get("step"),
         "sentences_seen": last.get("sentences_seen"),
         "sentences_per_s": _mean([r.get("sentences_per_s") for r in trained]),
@@ -236,16 +252,14 @@ def _fit_watched(trainer, config: TrainingConfig):
 
 
 def _best_checkpoint(result, start_is_candidate: bool):
-    """The kept checkpoint with the best STS-B dev; without the step-0 one unless it may win.
-    Falls back to the latest checkpoint."""
-    kept = [
-        (checkpoint, metrics)
-        for checkpoint, metrics in result.best_checkpoints or []
-        if DEV_METRIC in metrics and (start_is_candidate or metrics.get("step", 0) > 0)
-    ]
-    if not kept:
+    """The kept checkpoint best by eval.select_by (train/selection.py's rule, the one
+    metrics.json's best_step follows); without the step-0 one unless it may win. Falls back
+    to the latest checkpoint."""
+    kept = list(result.best_checkpoints or [])
+    chosen = best_row([metrics for _, metrics in kept], start_is_candidate)
+    if chosen is None:
         return result.checkpoint
-    return max(kept, key=lambda pair: pair[1][DEV_METRIC])[0]
+    return next(checkpoint for checkpoint, metrics in kept if metrics is chosen)
 
 
 def _history(last_checkpoint) -> list[dict]:

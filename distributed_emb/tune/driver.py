@@ -4,7 +4,8 @@ Ray Train V2 pattern (docs: "Hyperparameter Tuning with Ray Tune"): `Tuner(run_t
 `run_trial` is a small driver function that turns the trial's sampled values into a
 TrainingConfig, builds the TorchTrainer with `build_trainer` (the same one
 jobs/train_informin.py runs, so a search trains exactly what training trains) and forwards
-every STS-B dev report to Tune through `TuneReportCallback`.
+every evaluation to Tune through `TuneReportCallback`. Tune (ASHA, the searcher) compares trials
+on the selection score (`select_score`: eval.select_by's STS-B dev or retrieval nDCG@10).
 
 Resources: the trial driver only waits on its TorchTrainer, so it reserves no CPU, only
 DRIVER_MEMORY (Tune needs a non-empty bundle for it); the Train workers (num_workers ×
@@ -44,7 +45,8 @@ from distributed_emb.resource_plan import (
     cluster_from_ray,
     compute_plan,
 )
-from distributed_emb.train.loop import DEV_METRIC, plan_steps
+from distributed_emb.selection import SELECT_METRIC
+from distributed_emb.train.loop import plan_steps
 from distributed_emb.train.trainer import build_trainer, worker_resources
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_config import SearchJobConfig, asha_budget
@@ -275,20 +277,27 @@ def make_trainable(
     return ray_tune.with_resources(trainable, DRIVER_RESOURCES)
 
 
-def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: SearchPaths):
+def build_tune_config(config: SearchJobConfig, max_concurrent: int) -> ray_tune.TuneConfig:
+    """What the search compares trials on: the selection score every evaluation reports
+    (eval.select_by's STS-B dev or retrieval nDCG@10), higher is better, for the scheduler
+    and the searcher alike."""
     searcher, tune_limit = build_searcher(config, max_concurrent)
+    return ray_tune.TuneConfig(
+        metric=SELECT_METRIC,
+        mode="max",
+        num_samples=config.tune.num_samples,
+        scheduler=build_scheduler(config),
+        search_alg=searcher,
+        max_concurrent_trials=tune_limit,
+        trial_dirname_creator=trial_dirname,
+    )
+
+
+def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: SearchPaths):
     return ray_tune.Tuner(
         trainable,
         param_space=param_space(config.space()),
-        tune_config=ray_tune.TuneConfig(
-            metric=DEV_METRIC,
-            mode="max",
-            num_samples=config.tune.num_samples,
-            scheduler=build_scheduler(config),
-            search_alg=searcher,
-            max_concurrent_trials=tune_limit,
-            trial_dirname_creator=trial_dirname,
-        ),
+        tune_config=build_tune_config(config, max_concurrent),
         run_config=ray_tune.RunConfig(
             name=paths.name,
             storage_path=paths.storage,

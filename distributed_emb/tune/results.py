@@ -1,9 +1,11 @@
 """What a search produced, read back from its storage (the same after a resume): one summary
-per trial, the table sorted by STS-B dev, the best trial's config as a training YAML and its
-best checkpoint exported as a model.
+per trial, the table sorted by the selection score, the best trial's config as a training YAML
+and its best checkpoint exported as a model.
 
-A trial's score is the best STS-B dev among the checkpoints Ray Train kept for it (the best
-`output.checkpoints_to_keep` by dev score), not its last evaluation: ASHA stops trials at
+The selection score is what eval.select_by names (train/selection.py: STS-B dev Spearman, or
+nDCG@10 on a split of eval.retrieval_dir), reported by every evaluation as `select_score`. A
+trial's score is the best one among the checkpoints Ray Train kept for it (the best
+`output.checkpoints_to_keep` by that score), not its last evaluation: ASHA stops trials at
 different steps, and a run that peaked early still produced that model. Its evaluation
 history comes from the loop state in its latest checkpoint, which survives restarts; Tune's
 own per-trial results start afresh when a trial is resumed.
@@ -25,9 +27,9 @@ from ray.train import Checkpoint
 from ray.tune import ExperimentAnalysis
 
 from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.selection import SELECT_METRIC, STSB_DEV, describe, selected_metric
 from distributed_emb.tables import markdown_table
 from distributed_emb.train.checkpointing import STATE_FILE
-from distributed_emb.train.loop import DEV_METRIC
 from distributed_emb.train.trainer import export_checkpoint
 from distributed_emb.tune.search_space import apply_params
 
@@ -46,7 +48,7 @@ class TrialSummary:
     trial_id: str
     status: str  # one of COMPLETED, STOPPED, ERROR, INTERRUPTED, NOT_STARTED
     params: dict[str, Any]  # dotted key → sampled value
-    history: list[tuple[int, float]] = field(default_factory=list)  # (step, STS-B dev)
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, select_score)
     best_step: int | None = None  # of the best kept checkpoint
     best_score: float | None = None
     best_checkpoint: str | None = None
@@ -69,7 +71,7 @@ class TrialSummary:
 class KeptCheckpoint:
     path: str  # local path or URI
     step: int
-    history: list  # the loop's evaluations up to this checkpoint: [{"step", DEV_METRIC, ...}]
+    history: list  # the loop's evaluations up to this checkpoint: [{"step", SELECT_METRIC, ...}]
 
 
 def kept_checkpoints(run_dir: str) -> list[KeptCheckpoint]:
@@ -102,9 +104,9 @@ def summarize_trial(
     else:
         rows = reports  # no checkpoint (e.g. storage gone): what Tune recorded
     summary.history = [
-        (int(r["step"]), float(r[DEV_METRIC]))
+        (int(r["step"]), float(r[SELECT_METRIC]))
         for r in rows
-        if _number(r.get(DEV_METRIC)) is not None
+        if _number(r.get(SELECT_METRIC)) is not None
     ]
     scores = dict(summary.history)
     scored = [c for c in checkpoints if c.step in scores]
@@ -180,7 +182,7 @@ def summarize_trials(experiment_path: str, train_storage: str, name: str) -> lis
 
 
 def ranked(trials: list[TrialSummary]) -> list[TrialSummary]:
-    """Best STS-B dev first; trials without a score (errored early, not started) last."""
+    """Best selection score first; trials without a score (errored early, not started) last."""
     return sorted(
         trials,
         key=lambda t: (t.best_score is None, -(t.best_score or 0.0), t.trial_id),
@@ -203,7 +205,15 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def table_rows(trials: list[TrialSummary], keys: list[str]) -> list[dict[str, Any]]:
+def score_column(select_by: str) -> str:
+    """The table's column of each trial's best score, named after what it is:
+    `stsb_dev_best`, `retrieval_dev_ndcg_at_10_best`."""
+    return f"{STSB_DEV if select_by == STSB_DEV else selected_metric(select_by)}_best"
+
+
+def table_rows(
+    trials: list[TrialSummary], keys: list[str], select_by: str = STSB_DEV
+) -> list[dict[str, Any]]:
     rows = []
     for rank, trial in enumerate(ranked(trials), start=1):
         best = trial.best
@@ -213,7 +223,7 @@ def table_rows(trials: list[TrialSummary], keys: list[str]) -> list[dict[str, An
                 "trial": trial.trial_id,
                 "status": trial.status,
                 **{key: trial.params.get(key) for key in keys},
-                "stsb_dev_best": round(best[1], 2) if best else None,
+                score_column(select_by): round(best[1], 2) if best else None,
                 "best_step": best[0] if best else None,
                 "last_step": trial.last_step,
                 "stopped_at": trial.stopped_at,
@@ -255,7 +265,8 @@ def write_best_config(config: TrainingConfig, trial: TrialSummary, path: Path) -
     """A YAML that jobs/train_informin.py --config accepts (every key of TrainingConfig)."""
     step, score = trial.best
     header = (
-        f"# Best trial of the search: {trial.trial_id}, STS-B dev {score:.2f} at step {step}.\n"
+        f"# Best trial of the search: {trial.trial_id}, {describe(config.eval.select_by)} "
+        f"{score:.2f} at step {step}.\n"
         f"# Searched values: {', '.join(f'{k}={v!r}' for k, v in trial.params.items())}\n"
         f"# Train with: python jobs/train_informin.py --config {path}\n"
     )

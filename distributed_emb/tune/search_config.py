@@ -41,8 +41,8 @@ class TuneSettings:
     scheduler: Annotated[
         Literal["asha", "fifo"],
         Field(
-            description="asha: stop trials whose STS-B dev is in the bottom "
-            "(1 - 1/reduction_factor) at a rung; fifo: run every trial to the end"
+            description="asha: stop trials whose selection score (eval.select_by) is in the "
+            "bottom (1 - 1/reduction_factor) at a rung; fifo: run every trial to the end"
         ),
     ] = "asha"
     time_attr: Annotated[

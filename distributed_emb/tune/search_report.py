@@ -1,6 +1,7 @@
 """After the search: everything a user takes away, written into the output directory.
 
-- results.csv, results.md: the table, best STS-B dev first, errored trials included;
+- results.csv, results.md: the table, best selection score (eval.select_by) first, errored
+  trials included;
 - best_config.yaml: the best trial's full TrainingConfig (jobs/train_informin.py --config);
 - best_model/: its best checkpoint, exported (SentenceTransformer(path) loads it);
 - plots/*.png: metric vs each searched key, learning curves;
@@ -14,6 +15,7 @@ import logging
 from dataclasses import asdict
 
 from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.selection import describe
 from distributed_emb.train.trainer import stsb_test
 from distributed_emb.tune.driver import SearchRun, search_paths
 from distributed_emb.tune.results import (
@@ -38,7 +40,8 @@ def write_search_report(config: SearchJobConfig, run: SearchRun) -> dict:
     output = paths.output
     space = config.space()
     trials = summarize_trials(run.experiment_path, paths.train_storage, paths.name)
-    rows = table_rows(trials, list(space))
+    select_by = config.eval.select_by
+    rows = table_rows(trials, list(space), select_by)
     csv_path, md_path = write_table(rows, output)
     summary = {
         **asdict(run),
@@ -48,6 +51,7 @@ def write_search_report(config: SearchJobConfig, run: SearchRun) -> dict:
         "table": str(md_path),
         "table_csv": str(csv_path),
         "best_trial": None,
+        "select_by": select_by,  # what chose the best trial and its checkpoint
     }
     best = best_trial(trials)
     if best is not None and not run.interrupted:
@@ -55,7 +59,7 @@ def write_search_report(config: SearchJobConfig, run: SearchRun) -> dict:
         summary |= {
             "best_trial": best.trial_id,
             "best_params": best.params,
-            "best_stsb_dev": best.best_score,
+            "best_score": best.best_score,  # the select_by score
             "best_step": best.best[0],
             "best_checkpoint": best.best_checkpoint,
             "best_config": str(write_best_config(best_config, best, output / "best_config.yaml")),
@@ -79,8 +83,8 @@ def format_summary(summary: dict) -> str:
     if summary.get("best_trial"):
         test = summary.get("best_stsb_test")
         lines += [
-            f"best trial:   {summary['best_trial']}  STS-B dev {summary['best_stsb_dev']:.2f} "
-            f"at step {summary['best_step']}"
+            f"best trial:   {summary['best_trial']}  {describe(summary['select_by'])} "
+            f"{summary['best_score']:.2f} at step {summary['best_step']}"
             + (f", exported model STS-B test {test:.2f}" if test is not None else ""),
             f"best values:  {summary['best_params']}",
             f"best config:  {summary['best_config']}",

@@ -7,7 +7,9 @@ as on the command line.
 
 `finished_tiny_run` trains the session's one tiny run (the `tiny_run` fixture): 2 workers,
 4 steps, a corpus with 2 empty lines and 1 duplicate, checkpoints under a storage path and run
-name. Tests of the trainer's outputs, the run identity and the export assert against it.
+name, and its checkpoint chosen by nDCG@10 on the dev split of a tiny BEIR directory
+(`tiny_beir_dir`: eval.select_by=retrieval:dev). Tests of the trainer's outputs, the selection,
+the run identity and the export assert against it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,30 @@ def tiny_config(model_path: str, corpus: Path | str, output: Path, *overrides: s
     )
 
 
+def tiny_beir_dir(path: Path, documents: int = 40) -> Path:
+    """A BEIR directory at `path` from shipped Wikipedia sentences (past the tiny corpus's):
+    each document a sentence, query i the second half of sentence i's words, relevant to
+    document i alone; qrels for dev (queries 0-9), test (10-14) and train (15-19)."""
+    import json
+
+    from distributed_emb.paths import shipped_corpus
+
+    lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()
+    sentences = [line for line in lines[400:] if len(line.split()) >= 8][:documents]
+    (path / "qrels").mkdir(parents=True, exist_ok=True)
+    (path / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "text": s}) + "\n" for i, s in enumerate(sentences))
+    )
+    queries = [" ".join(s.split()[len(s.split()) // 2 :]) for s in sentences[:20]]
+    (path / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": q}) + "\n" for i, q in enumerate(queries))
+    )
+    for split, ids in (("dev", range(10)), ("test", range(10, 15)), ("train", range(15, 20))):
+        judged = "".join(f"q{i}\td{i}\t1\n" for i in ids)
+        (path / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + judged)
+    return path
+
+
 TINY_RUN_SETTINGS = (
     "data.max_rows=null",
     "data.deduplicate=true",
@@ -51,8 +77,8 @@ TINY_RUN_SETTINGS = (
 
 
 def tiny_run_config(model_path: str, directory: Path, *overrides: str):
-    """The tiny run's config in `directory` (corpus.txt, storage/, and `run/` for the output),
-    with `overrides` on top."""
+    """The tiny run's config in `directory` (corpus.txt, beir/, storage/, and `run/` for the
+    output), with `overrides` on top."""
     from distributed_emb.paths import shipped_corpus
 
     first = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[0]
@@ -64,6 +90,8 @@ def tiny_run_config(model_path: str, directory: Path, *overrides: str):
         directory / "run",
         *TINY_RUN_SETTINGS,
         f"output.storage_path={directory / 'storage'}",
+        f"eval.retrieval_dir={tiny_beir_dir(directory / 'beir')}",
+        "eval.select_by=retrieval:dev",
         *overrides,
     )
 

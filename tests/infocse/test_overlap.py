@@ -2,6 +2,7 @@
 mined and used, and shutdown. The thread is driven by fake reports and a fake miner here;
 tests/infocse/test_rounds.py runs it under Ray Train."""
 
+import json
 import threading
 from pathlib import Path
 
@@ -24,6 +25,16 @@ def _version(versions: PairVersions, step: int, pairs: int = 3) -> PairVersion:
     return PairVersion(
         step, 80.0 + step, str(directory / "pairs"), AnnotationCounts(pairs=pairs), 1.0
     )
+
+
+def test_a_version_committed_before_selection_scores_reads_its_sts_as_the_score(tmp_path):
+    versions = PairVersions(tmp_path / "v")
+    directory = Path(versions.start(7))
+    (directory / "COMMIT").write_text(json.dumps({
+        "step": 7, "stsb_dev": 81.0, "pairs_dir": str(directory / "pairs"),
+        "counts": {"pairs": 3}, "annotate_s": 1.0,
+    }))  # fmt: skip
+    assert versions.get(7).score == 81.0
 
 
 def test_a_version_is_read_only_once_committed(tmp_path):
@@ -173,20 +184,22 @@ class Queue:
         self.items.append(item)
 
 
-def test_the_feed_sends_each_registered_checkpoint_with_its_step_and_dev():
+def test_the_feed_sends_each_registered_checkpoint_with_its_step_and_selection_score():
+    """The score is eval.select_by's (select_score): here a retrieval split's, not STS-B dev."""
     queue = Queue()
     feed = CheckpointFeed(queue)
-    feed.after_report(None, [{"step": 20, "stsb_dev_spearman": 71.5}] * 2, checkpoint="ckpt")
+    scored = {"step": 20, "stsb_dev_spearman": 71.5, "select_score": 33.0}
+    feed.after_report(None, [scored] * 2, checkpoint="ckpt")
     feed.after_report(None, [{"step": 21, "loss": 0.1}] * 2, checkpoint="ckpt")  # no dev score
-    feed.after_report(None, [{"step": 22, "stsb_dev_spearman": 70.0}] * 2, checkpoint=None)
-    assert queue.items == [Report(20, 71.5, "ckpt")]
+    feed.after_report(None, [{**scored, "step": 22}] * 2, checkpoint=None)
+    assert queue.items == [Report(20, 33.0, "ckpt")]
 
 
 def test_a_report_after_which_no_next_round_would_run_is_not_mined(tmp_path):
     feed, miner = Feed(), Miner()
     annotator = NextRoundAnnotator(
         PairVersions(tmp_path / "v"), feed.poll, miner,
-        worth_mining=lambda report: report.stsb_dev > 75.0, poll_s=0.01,
+        worth_mining=lambda report: report.score > 75.0, poll_s=0.01,
     ).start()  # fmt: skip
     feed.put(_report(20, 70.0))
     feed.put(_report(40, 80.0))

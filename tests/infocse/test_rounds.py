@@ -202,6 +202,17 @@ def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
     # An in-training dev on a subset of STS-B dev is not comparable: every report is mined.
     subset = _config(tmp_path, tiny_bert_path, shared_data_dir)  # eval.max_pairs=64
     assert _next_round_follows(subset, 85.0, rounds_without_gain=1)(worse)
+    # Rounds and training choosing on the same retrieval split: its in-training score counts.
+    from harness.tiny_run import tiny_beir_dir
+
+    own_dev = [f"eval.retrieval_dir={tiny_beir_dir(tmp_path / 'beir')}",
+               "eval.select_by=retrieval:dev"]  # fmt: skip
+    same = _config(tmp_path, tiny_bert_path, shared_data_dir, [*own_dev, "rounds.select_by=eval"])
+    follows = _next_round_follows(same, 85.0, rounds_without_gain=1)
+    assert follows(better) and not follows(worse)
+    # Rounds on STS-B dev, training on retrieval: the reports' scores are not the rounds'.
+    apart = _config(tmp_path, tiny_bert_path, shared_data_dir, [*own_dev, "eval.max_pairs=null"])
+    assert _next_round_follows(apart, 85.0, rounds_without_gain=1)(worse)
     with pytest.raises(ConfigError, match=r"rounds\.overlap"):
         _config(tmp_path, tiny_bert_path, shared_data_dir,
                 ["rounds.overlap=true", "supervised.enabled=true"])  # fmt: skip
@@ -276,5 +287,18 @@ def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
     with pytest.raises(ConfigError, match=r"rounds\.select_by"):
         _config(tmp_path, tiny_bert_path, shared_data_dir,
                 ["rounds.select_by=heldout_dev_mrr", "heldout.fraction=0"])  # fmt: skip
+    # rounds.select_by=eval: what eval.select_by names, STS-B dev by default...
+    follows_eval = _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.select_by=eval"])
+    assert _standing(records, follows_eval)[0].round == 0
+    # ...or nDCG@10 on the user's BEIR dev split, which every round's record carries.
+    from harness.tiny_run import tiny_beir_dir
+
+    by_own_dev = _config(tmp_path, tiny_bert_path, shared_data_dir, [
+        "rounds.select_by=eval", f"eval.retrieval_dir={tiny_beir_dir(tmp_path / 'beir')}",
+        "eval.select_by=retrieval:dev",
+    ])  # fmt: skip
+    for record, ndcg in zip(records, (30.0, 29.0, 33.0), strict=True):
+        record.eval_retrieval_ndcg_at_10 = ndcg
+    assert [(r.round, n) for r, n in [_standing(records, by_own_dev)]] == [(2, 0)]
     with pytest.raises(ConfigError, match="rounds.arrange_pairs was removed"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.arrange_pairs=false"])

@@ -130,6 +130,14 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     # Whitened PCA is PCA with each component scaled: the same rank order per component, but
     # different cosines; it is its own row.
     assert rows[(8, "pca_whiten")]["stsb_test"] != rows[(8, "pca")]["stsb_test"]
+    # Each row against the uncompressed encoder on the same test pairs, with its interval.
+    intervals = results["intervals"]
+    assert intervals["reference"] == "full-32" and len(intervals["rows"]) == 8
+    pca = next(r["intervals"] for r in intervals["rows"] if (r["dim"], r["method"]) == (8, "pca"))
+    assert set(pca) == {"stsb_test", "STS12", "retrieval_mrr"}
+    assert pca["stsb_test"]["baseline"] == pytest.approx(full["stsb_test"])
+    assert pca["stsb_test"]["candidate"] == pytest.approx(rows[(8, "pca")]["stsb_test"])
+    assert pca["STS12"]["n"] == 50 and pca["stsb_test"]["low"] <= pca["stsb_test"]["high"]
 
     out = Path(config.output.dir)
     # The corpus of end-to-end fine-tuning: exactly the heads' sentences and cluster ids.
@@ -143,6 +151,8 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert table["cluster_id"] == sentences.cluster_ids.tolist()
     written = json.loads((out / "results.json").read_text())
     assert len(written["table"]) == 9 and "| 4 | mcr2 |" in (out / "results.md").read_text()
+    assert "Difference from full-32" in (out / "results.md").read_text()
+    assert written["intervals"]["reference"] == "full-32"
     model = SentenceTransformer(results["exported_models"][8], device="cpu")
     vectors = model.encode(test.sentences1[:5])
     assert vectors.shape == (5, 8)

@@ -62,10 +62,10 @@ def test_export_is_a_shareable_model_with_its_card_and_full_length(tiny_bert_pat
             "export.license=apache-2.0",
         ],
     )
-    history = [
-        {"step": 0, "epoch": 0, "stsb_dev_spearman": 50.0},
-        {"step": 10, "epoch": 0, "stsb_dev_spearman": 61.5, "loss": 1.25},
-        {"step": 20, "epoch": 0, "stsb_dev_spearman": 60.0, "loss": 1.0},
+    history = [  # chosen on STS-B dev (the default eval.select_by): select_score is it
+        {"step": 0, "epoch": 0, "stsb_dev_spearman": 50.0, "select_score": 50.0},
+        {"step": 10, "epoch": 0, "stsb_dev_spearman": 61.5, "select_score": 61.5, "loss": 1.25},
+        {"step": 20, "epoch": 0, "stsb_dev_spearman": 60.0, "select_score": 60.0, "loss": 1.0},
     ]
     checkpoint = _fake_checkpoint(config, tmp_path / "ckpt", history)
     out = export_checkpoint(config, checkpoint, str(tmp_path / "model"))
@@ -148,6 +148,34 @@ def test_packaged_default_model_card_names_the_hub_model_and_its_licence(minilm_
     section = training_section(info)
     assert "InfoNCE (τ = 0.05) + λ = 0.1 × reconstruction" in section
     assert "β" not in section  # mlm_weight 0: no MLM term
+
+
+def test_a_retrieval_choice_is_what_the_card_says_chose_with_sts_beside_it(tmp_path):
+    from harness.tiny_run import tiny_beir_dir
+
+    config = load_config(
+        TrainingConfig,
+        None,
+        [f"eval.retrieval_dir={tiny_beir_dir(tmp_path / 'beir')}", "eval.select_by=retrieval:dev"],
+    )
+    history = [
+        {"step": 0, "stsb_dev_spearman": 80.0, "retrieval_dev_ndcg_at_10": 30.0},
+        {"step": 10, "stsb_dev_spearman": 82.0, "retrieval_dev_ndcg_at_10": 31.0},
+        {"step": 20, "stsb_dev_spearman": 79.5, "retrieval_dev_ndcg_at_10": 35.0},
+    ]
+    for row in history:
+        row["select_score"] = row["retrieval_dev_ndcg_at_10"]
+    info = card_info(config, history=history, command="python x.py")
+    assert info.best_step == 20  # the best nDCG@10, not the best STS-B dev (step 10)
+    assert info.scores == {
+        "STS-B dev, start (step 0)": 80.0,
+        "STS-B dev, exported (step 20)": 79.5,
+        "nDCG@10 on retrieval dev, start (step 0)": 30.0,
+        "nDCG@10 on retrieval dev, exported (step 20)": 35.0,
+    }
+    section = training_section(info)
+    assert "the best by nDCG@10 on retrieval dev (`eval.select_by=retrieval:dev`)" in section
+    assert "eval.retrieval_dir" not in info.hyperparameters  # a path on this machine
 
 
 def test_mlm_term_and_hub_id_in_the_card():

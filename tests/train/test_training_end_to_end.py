@@ -1,4 +1,6 @@
-"""A real TorchTrainer run: 2 workers, tiny BERT, checkpoints, best-by-dev export."""
+"""A real TorchTrainer run: 2 workers, tiny BERT, checkpoints, and the export of the best
+checkpoint by eval.select_by (here nDCG@10 on a tiny BEIR dev split; STS-B dev still
+reported)."""
 
 import json
 from pathlib import Path
@@ -17,7 +19,7 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
 
     from distributed_emb.evaluation.senteval_data import read_sts_benchmark
     from distributed_emb.paths import shipped_senteval_dir
-    from distributed_emb.train.checkpointing import load_encoder_weights
+    from distributed_emb.train.checkpointing import STATE_FILE, load_encoder_weights
     from distributed_emb.train.loop import build_encoder
 
     tiny_config, result = tiny_run
@@ -29,8 +31,23 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     assert metrics["corpus"]["dropped"] == {"empty": 2, "duplicate": 1}
     assert metrics["stsb_dev_before"] == metrics["history"][0]["stsb_dev_spearman"]
     assert all(row["loss_reconstruction"] > 0 for row in metrics["history"][1:])  # dropout on
-    best = max(metrics["history"], key=lambda r: r["stsb_dev_spearman"])
+
+    # Every evaluation scored STS-B dev and the BEIR dev split (never test, nor train), and
+    # chose on the split's nDCG@10.
+    history = metrics["history"]
+    assert metrics["select_by"] == "retrieval:dev"
+    for row in history:
+        assert -100 <= row["stsb_dev_spearman"] <= 100
+        assert row["select_score"] == row["retrieval_dev_ndcg_at_10"]
+        assert not [k for k in row if k.startswith(("retrieval_test", "retrieval_train"))]
+    # The export is the best nDCG@10 (a tie: the later step, which Ray Train keeps).
+    best = max(history, key=lambda r: (r["retrieval_dev_ndcg_at_10"], r["step"]))
     assert metrics["best_step"] == best["step"]
+    assert metrics["dev_best"] == best["retrieval_dev_ndcg_at_10"]
+    assert metrics["dev_before"] == history[0]["retrieval_dev_ndcg_at_10"]
+    assert metrics["stsb_dev_best"] == best["stsb_dev_spearman"]  # STS-B dev at that step
+    state = json.loads((Path(result.best_checkpoint) / STATE_FILE).read_text())
+    assert state["step"] == best["step"]
 
     # The exported model equals the best checkpoint's encoder.
     encoder = build_encoder(tiny_config)

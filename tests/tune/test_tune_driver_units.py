@@ -7,9 +7,11 @@ import pytest
 
 from distributed_emb.config import ConfigError, load_config
 from distributed_emb.resource_plan import ClusterShape, Node
+from distributed_emb.selection import SELECT_METRIC
 from distributed_emb.tune.driver import (
     build_scheduler,
     build_searcher,
+    build_tune_config,
     check_batches_fit,
     derive_max_concurrent_trials,
     resources_per_trial,
@@ -65,6 +67,25 @@ def test_asha_judges_at_evaluation_steps():
     assert sorted(m for m, _ in scheduler._brackets[0]._rungs) == [10, 20]
     fifo = build_scheduler(load_config(SearchJobConfig, DEFAULT_YAML, ["tune.scheduler=fifo"]))
     assert type(fifo).__name__ == "FIFOScheduler"
+
+
+def test_the_search_compares_trials_on_what_eval_select_by_names(tmp_path):
+    """Tune's metric is the selection score every evaluation reports; a search chosen on a
+    retrieval split hands every trial that choice, and eval cannot be searched (trials
+    compared on different scores)."""
+    from harness.tiny_run import tiny_beir_dir
+
+    chosen = [f"eval.retrieval_dir={tiny_beir_dir(tmp_path)}", "eval.select_by=retrieval:dev"]
+    config = load_config(SearchJobConfig, DEFAULT_YAML, chosen)
+    tune_config = build_tune_config(config, 2)
+    assert (tune_config.metric, tune_config.mode) == (SELECT_METRIC, "max")
+    assert config.base().eval.select_by == "retrieval:dev"  # what each trial reports as it
+    with pytest.raises(ConfigError, match=r"^search\.eval\.select_by: only keys of"):
+        load_config(
+            SearchJobConfig,
+            DEFAULT_YAML,
+            [*chosen, "search.eval.select_by={type: choice, values: [stsb_dev, retrieval:dev]}"],
+        )
 
 
 def test_concurrency_limit_reaches_the_searcher_that_enforces_it():

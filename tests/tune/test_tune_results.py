@@ -84,7 +84,7 @@ def trials() -> list[TrialSummary]:
 def write_checkpoint(run_dir, name, step, scores):
     directory = run_dir / name
     directory.mkdir(parents=True)
-    history = [{"step": s, "stsb_dev_spearman": v} for s, v in scores[: step // 2 + 1]]
+    history = [{"step": s, "select_score": v} for s, v in scores[: step // 2 + 1]]
     (directory / "trainer_state.json").write_text(json.dumps({"step": step, "history": history}))
 
 
@@ -97,7 +97,7 @@ def test_a_trials_best_is_its_best_kept_checkpoint_and_history_survives_restarts
     write_checkpoint(run_dir, "checkpoint_b", 4, scores)
     write_checkpoint(run_dir, "checkpoint_c", 6, scores)
     (run_dir / "checkpoint_d").mkdir()  # no trainer_state.json
-    reports = [{"step": 6, "stsb_dev_spearman": 7.0, "time_total_s": 12.5, "final": True}]
+    reports = [{"step": 6, "select_score": 7.0, "time_total_s": 12.5, "final": True}]
     trial = summarize_trial("t0", COMPLETED, {KEYS[0]: 0.1}, reports, str(run_dir))
     assert trial.history == scores
     assert trial.best == (4, 9.0) and trial.best_checkpoint == f"{run_dir}/checkpoint_b"
@@ -170,6 +170,9 @@ def test_table_files_hold_every_trial_sorted(trials, tmp_path):
     assert lines[0].startswith("| rank | trial | status | loss.reconstruction_weight |")
     assert len(lines) == 2 + 4 and "| 1 | t3 | completed | 0.3 | 32 | 75.5 | 10 | 20 |" in lines[2]
     assert trials_markdown([]) == "(no trials)"
+    # Chosen on a retrieval split (eval.select_by): the column says so.
+    by_retrieval = table_rows(trials, KEYS, "retrieval:dev")
+    assert by_retrieval[0]["retrieval_dev_ndcg_at_10_best"] == 75.5
 
 
 def test_best_config_yaml_is_a_training_config_with_the_trials_values(trials, tmp_path):
@@ -184,7 +187,9 @@ def test_best_config_yaml_is_a_training_config_with_the_trials_values(trials, tm
     expected["loss"]["reconstruction_weight"], expected["train"]["batch_size"] = 0.3, 32
     expected["output"]["dir"] = str(tmp_path / "best_run")
     assert to_dict(loaded) == expected
-    assert path.read_text().startswith("# Best trial of the search: t3, STS-B dev 75.50 at step 10")
+    assert path.read_text().startswith(
+        "# Best trial of the search: t3, STS-B dev Spearman 75.50 at step 10"
+    )
 
 
 def test_plots_are_written_as_png(trials, tmp_path):

@@ -186,7 +186,7 @@ def _asha_stops(reports: dict[str, list[dict]]) -> set[str]:
         for report in reports[trial]:
             if report["step"] >= MAX_STEPS or report["step"] < GRACE:
                 continue
-            score = report["stsb_dev_spearman"]
+            score = report["select_score"]  # Tune's metric (eval.select_by's score)
             if recorded and score < statistics.median(recorded):
                 stopped.add(trial)
             recorded.append(score)

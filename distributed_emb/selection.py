@@ -1,0 +1,94 @@
+"""What a run chooses on (`eval.select_by`): the one score every evaluation reports under
+SELECT_METRIC, and the one rule that picks the best evaluation from a history.
+
+STS-B dev Spearman by default; `retrieval:<split>` makes it nDCG@10 on that split of the
+user's own BEIR directory (`eval.retrieval_dir`). Every place that chooses (the kept and
+exported checkpoint, metrics.json's best, the model card, Tune's metric and its best trial,
+InfoCSE's overlapped mining) reads SELECT_METRIC, so none of them needs to know which score
+it is. No torch or Ray here: the model card and config validation import it on the driver.
+"""
+
+from __future__ import annotations
+
+from distributed_emb.checks import ConfigError
+
+DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman × 100, reported at every evaluation
+SELECT_METRIC = "select_score"  # the score eval.select_by names, at every evaluation
+SELECT_BY = "select_by"  # the eval.select_by it was, beside it in every evaluation's metrics
+STSB_DEV = "stsb_dev"
+RETRIEVAL = "retrieval:"
+TEST_SPLIT = "test"
+TRAIN_SPLIT = "train"
+
+
+def retrieval_metric(split: str) -> str:
+    """The evaluation key of nDCG@10 × 100 on `split` of eval.retrieval_dir. No "@" in it:
+    MLflow refuses metric names with one (and the sink that raised would be dropped)."""
+    return f"retrieval_{split}_ndcg_at_10"
+
+
+def retrieval_split(select_by: str) -> str | None:
+    """`retrieval:dev` → `dev`; None when selection is on STS-B dev."""
+    return select_by[len(RETRIEVAL) :] if select_by.startswith(RETRIEVAL) else None
+
+
+def selected_metric(select_by: str) -> str:
+    """The evaluation key SELECT_METRIC copies: DEV_METRIC, or the split's nDCG@10."""
+    split = retrieval_split(select_by)
+    return DEV_METRIC if split is None else retrieval_metric(split)
+
+
+def describe(select_by: str) -> str:
+    """In words, for log lines and reports: "STS-B dev Spearman", "nDCG@10 on retrieval dev"."""
+    split = retrieval_split(select_by)
+    return "STS-B dev Spearman" if split is None else f"nDCG@10 on retrieval {split}"
+
+
+def check_select_by(
+    select_by: str, retrieval_dir: str | None, splits: list[str] | None, key: str = "eval"
+) -> None:
+    """`eval.select_by` against `eval.retrieval_dir` and the `splits` its qrels/ holds (None:
+    not listed, e.g. on object storage). Test splits are never chosen on."""
+    if select_by == STSB_DEV:
+        return
+    split = retrieval_split(select_by)
+    if not split:
+        raise ConfigError(
+            f"{key}.select_by: {select_by!r} is neither {STSB_DEV!r} nor {RETRIEVAL}<split> "
+            f"(e.g. {RETRIEVAL}dev: nDCG@10 on qrels/dev.tsv of {key}.retrieval_dir)"
+        )
+    if split == TEST_SPLIT:
+        raise ConfigError(
+            f"{key}.select_by: {select_by}: test splits are reported, never used to choose; "
+            f"choose on a dev split ({RETRIEVAL}dev)"
+        )
+    if retrieval_dir is None:
+        raise ConfigError(
+            f"{key}.select_by: {select_by} needs {key}.retrieval_dir (a BEIR directory: "
+            "corpus.jsonl, queries.jsonl, qrels/<split>.tsv)"
+        )
+    if splits is not None and split not in splits:
+        raise ConfigError(
+            f"{key}.select_by: {retrieval_dir}/qrels has no {split}.tsv; its splits: "
+            f"{', '.join(splits) or 'none'}"
+        )
+
+
+def scored_splits(splits: list[str], select_by: str) -> list[str]:
+    """The splits every in-training evaluation scores: the one eval.select_by names and every
+    other but test (reported on the exported model, never watched while choosing) and train
+    (training labels, often the largest split: MS MARCO's has 500k queries)."""
+    chosen = retrieval_split(select_by)
+    return [s for s in splits if s == chosen or s not in (TEST_SPLIT, TRAIN_SPLIT)]
+
+
+def best_row(history: list[dict], start_is_candidate: bool = True) -> dict | None:
+    """The evaluation a run exports: the highest SELECT_METRIC, the step-0 one only when it
+    may win; on a tie the later step (the one Ray Train keeps: it ranks equal scores by
+    report order)."""
+    rows = [
+        row
+        for row in history
+        if row.get(SELECT_METRIC) is not None and (start_is_candidate or row.get("step", 0) > 0)
+    ]
+    return max(rows, key=lambda row: (row[SELECT_METRIC], row.get("step", 0)), default=None)
