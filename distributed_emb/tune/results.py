@@ -111,7 +111,9 @@ def summarize_trial(
     scores = dict(summary.history)
     scored = [c for c in checkpoints if c.step in scores]
     if scored:
-        best = max(scored, key=lambda c: (scores[c.step], -c.step))  # earliest on ties
+        # The later step on a tie: selection.best_row's rule, so a trial exports what the same
+        # run as a training job would.
+        best = max(scored, key=lambda c: (scores[c.step], c.step))
         summary.best_step, summary.best_score = best.step, scores[best.step]
         summary.best_checkpoint = best.path
     if reports:

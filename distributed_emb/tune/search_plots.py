@@ -1,9 +1,10 @@
 """Pictures of a search (PNG, matplotlib's Agg backend: no display needed):
 
-- `metric_vs_<key>.png`, one per searched key: each trial's best STS-B dev against its value
-  (log axis for log-uniform keys), marked by how the trial ended;
-- `learning_curves.png`: STS-B dev against optimizer step, one line per trial (dashed when
-  the scheduler stopped it early), so ASHA's cuts are visible.
+- `metric_vs_<key>.png`, one per searched key: each trial's best selection score (eval.select_by:
+  STS-B dev unless the user chose a retrieval split) against its value (log axis for
+  log-uniform keys), marked by how the trial ended;
+- `learning_curves.png`: the selection score against optimizer step, one line per trial
+  (dashed when the scheduler stopped it early), so ASHA's cuts are visible.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ def _pyplot():
 
 
 def plot_metric_vs_params(
-    trials: list[TrialSummary], space: dict[str, Distribution], output: Path
+    trials: list[TrialSummary],
+    space: dict[str, Distribution],
+    output: Path,
+    metric: str = "STS-B dev Spearman",
 ) -> list[Path]:
     plt = _pyplot()
     output.mkdir(parents=True, exist_ok=True)
@@ -53,7 +57,7 @@ def plot_metric_vs_params(
             axis.set_xscale("log")
             axis.xaxis.set_minor_formatter(NullFormatter())  # unlabelled minor ticks: no overlap
         axis.set_xlabel(key)
-        axis.set_ylabel("best STS-B dev (Spearman × 100)")
+        axis.set_ylabel(f"best {metric} (× 100)")
         axis.legend(fontsize="small")
         axis.grid(alpha=0.3)
         figure.tight_layout()
@@ -64,7 +68,9 @@ def plot_metric_vs_params(
     return paths
 
 
-def plot_learning_curves(trials: list[TrialSummary], output: Path) -> Path:
+def plot_learning_curves(
+    trials: list[TrialSummary], output: Path, metric: str = "STS-B dev Spearman"
+) -> Path:
     plt = _pyplot()
     output.mkdir(parents=True, exist_ok=True)
     figure, axis = plt.subplots(figsize=(6, 4))
@@ -75,7 +81,7 @@ def plot_learning_curves(trials: list[TrialSummary], output: Path) -> Path:
         style = "--" if trial.status == STOPPED else ":" if trial.status == ERROR else "-"
         axis.plot(steps, scores, style, marker=".", label=f"{trial.trial_id} ({trial.status})")
     axis.set_xlabel("optimizer step")
-    axis.set_ylabel("STS-B dev (Spearman × 100)")
+    axis.set_ylabel(f"{metric} (× 100)")
     axis.legend(fontsize="x-small")
     axis.grid(alpha=0.3)
     figure.tight_layout()

@@ -70,8 +70,9 @@ def write_search_report(config: SearchJobConfig, run: SearchRun) -> dict:
             if config.eval.test_after_training:
                 summary["best_stsb_test"] = stsb_test(best_config, model_dir)
     if config.tune.plots:
-        plots = plot_metric_vs_params(trials, space, output / "plots")
-        plots.append(plot_learning_curves(trials, output / "plots"))
+        metric = describe(select_by)  # the plots' axes name what chose
+        plots = plot_metric_vs_params(trials, space, output / "plots", metric)
+        plots.append(plot_learning_curves(trials, output / "plots", metric))
         summary["plots"] = [str(p) for p in plots]
     write_text_atomic(output / "summary.json", json.dumps(summary, indent=2, default=str))
     summary["table_markdown"] = trials_markdown(rows)
