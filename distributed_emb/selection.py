@@ -92,3 +92,61 @@ def best_row(history: list[dict], start_is_candidate: bool = True) -> dict | Non
         if row.get(SELECT_METRIC) is not None and (start_is_candidate or row.get("step", 0) > 0)
     ]
     return max(rows, key=lambda row: (row[SELECT_METRIC], row.get("step", 0)), default=None)
+
+
+# The start of the one line a run says when the model it hands back is the one it was given
+# (metrics.json's and rounds.json's "exported" begin with it): a default never hands back
+# the given model, or a weaker one, without saying so.
+GIVEN_MODEL_UNCHANGED = "exported: the given model unchanged"
+
+
+def given_model_line(what: str, best_trained: dict | None, start_score: float) -> str:
+    """The line of a training run whose chosen evaluation is the start (step 0): `what` chose
+    (describe(select_by)); `best_trained`: the best trained evaluation (a history row), None
+    when no trained step was scored."""
+    if best_trained is None:
+        return f"{GIVEN_MODEL_UNCHANGED} — no trained step was scored on {what}"
+    return (
+        f"{GIVEN_MODEL_UNCHANGED} — no trained step beat it on {what} (best trained "
+        f"{best_trained[SELECT_METRIC]:.2f} at step {best_trained.get('step')} vs "
+        f"{start_score:.2f} at the start)"
+    )
+
+
+def exported_evaluation(
+    history: list[dict], select_by: str, start_is_candidate: bool
+) -> str | None:
+    """What metrics.json's "exported" says: "step <s>", or given_model_line when the start
+    won; None when no evaluation chose (the export is then the last checkpoint)."""
+    chosen = best_row(history, start_is_candidate)
+    if chosen is None:
+        return None
+    if chosen.get("step", 0) > 0:
+        return f"step {chosen['step']}"
+    best_trained = best_row(history, start_is_candidate=False)
+    return given_model_line(describe(select_by), best_trained, chosen[SELECT_METRIC])
+
+
+def given_model_round_line(
+    what: str,
+    best_round: int | None,
+    best_score: float | None,
+    start_score: float,
+    min_improvement: float = 0.0,
+) -> str:
+    """The line of InfoCSE rounds whose best record is round 0, the given model itself (no
+    student): `what` chose the rounds; round `best_round` scored best of the trained ones
+    (None: no round ran). `min_improvement`: rounds.min_improvement, the gain a round
+    needed."""
+    margin = f" by more than {min_improvement:g}" if min_improvement > 0 else ""
+    if best_round is None:
+        return f"{GIVEN_MODEL_UNCHANGED} — no round was trained"
+    return (
+        f"{GIVEN_MODEL_UNCHANGED} — no round beat it on {what}{margin} (best round "
+        f"{best_round}: {best_score:.2f} vs {start_score:.2f})"
+    )
+
+
+def is_given_model(exported: str | None) -> bool:
+    """Does an "exported" entry say the given model was handed back unchanged?"""
+    return bool(exported) and exported.startswith(GIVEN_MODEL_UNCHANGED)

@@ -18,8 +18,8 @@ comma list):
   squared error, no InfoNCE: losses/distillation.py), the obvious peer when shrinking a model.
 
 Every arm starts from the same student, trains `train.max_steps` steps of the same
-global batch, and keeps its best *trained* checkpoint by STS-B dev (the start is never a
-candidate). Each is scored on the held-out documents (same-document retrieval), STS-B dev
+global batch, and keeps its best *trained* checkpoint by eval.select_by (STS-B dev unless
+set; the start is never a candidate). Each is scored on the held-out documents (same-document retrieval), STS-B dev
 and STS-B test. Writes `compare.json` and `compare.md` to the output directory; the start
 (student) and, with `infocse_teacher`, the teacher (as that arm scored it) are rows too.
 Each arm's difference from the start on STS-B test and on the held-out test documents comes

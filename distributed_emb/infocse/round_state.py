@@ -117,11 +117,13 @@ class RoundState:
             )
         return saved
 
-    def save(self, config, records: list, best, table: str) -> None:
+    def save(self, config, records: list, best, table: str, summary: dict | None = None) -> None:
+        """`summary`: keys beside the rounds (rounds.py: the regime, what was exported)."""
         payload = {
             "settings": rounds_settings(config),
             "rounds": [asdict(r) for r in records],
             "best": asdict(best),
+            **(summary or {}),
         }
         storage.write_text(self.location(ROUNDS_FILE), json.dumps(payload, indent=2))
         storage.write_text(self.location("rounds.md"), table + "\n")

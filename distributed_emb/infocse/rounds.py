@@ -15,12 +15,14 @@ dev. `rounds.select_by` names the score that chooses the round and the export: S
 held-out dev MRR, or `eval` (eval.select_by's: STS-B dev, or nDCG@10 on a split of the user's
 BEIR directory eval.retrieval_dir, which each round's training also keeps its checkpoint by).
 
-What a run leaves in `output_dir`: `rounds.json` and `rounds.md` (the table), `rounds.png`
-(STS-B dev, retrieval and mined pairs per round), `rounds_log.jsonl` and `tensorboard/` (one
-row per round: kind `rounds` for the initial model and the InfoCSE rounds, `supervised` for
-InfoCSE++ steps, step = round), `run.log` (the round lines), `model/` (the best round's), and
-per round `round_<r>/train/` with that training's own `run.log` (its step and evaluation
-lines), `train_log.jsonl`, `tensorboard/`, `learning_curves.png` and `metrics.json`.
+What a run leaves in `output_dir`: `rounds.json` (the rounds, the regime: "given model" or
+"student" with its `student_layers`, and what was `exported`) and `rounds.md` (the table),
+`rounds.png` (STS-B dev, retrieval and mined pairs per round), `rounds_log.jsonl` and
+`tensorboard/` (one row per round: kind `rounds` for the initial model and the InfoCSE rounds,
+`supervised` for InfoCSE++ steps, step = round), `run.log` (the round lines), `model/` (the
+best round's), and per round `round_<r>/train/` with that training's own `run.log` (its step
+and evaluation lines), `train_log.jsonl`, `tensorboard/`, `learning_curves.png` and
+`metrics.json`.
 """
 
 from __future__ import annotations
@@ -66,13 +68,20 @@ from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.infocse.student import build_layer_student
 from distributed_emb.model.embedder import Embedder, EmbeddingLookup
+from distributed_emb.model.model_card import PACKAGED_MODEL_ID, add_card_lines
 from distributed_emb.model.sentence_transformer import (
     is_sentence_transformer_dir,
     load_sentence_transformer,
 )
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.plots import Panel, write_panels
-from distributed_emb.selection import STSB_DEV, describe, retrieval_split
+from distributed_emb.selection import (
+    STSB_DEV,
+    describe,
+    given_model_round_line,
+    is_given_model,
+    retrieval_split,
+)
 from distributed_emb.tracking import MetricsSinks
 from distributed_emb.train.trainer import export_checkpoint, run_training
 
@@ -302,6 +311,8 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             "raise heldout.fraction or choose rounds by stsb_dev"
         )
     teacher = _teacher(config)
+    if config.student.num_layers is not None:
+        log.warning(regime_line(config))
     if earlier is not None:
         records = [_record(row) for row in earlier["rounds"]]
         log.warning("continuing the rounds in %s after round %d", state.root, records[-1].round)
@@ -433,8 +444,9 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             prepared_versions = follower.versions
         _save(records, best, output, state, config)
 
-    _export_best(best, output, config, state)
-    _save(records, best, output, state, config)
+    exported = exported_line(records, config)
+    _export_best(best, output, config, state, exported)
+    _save(records, best, output, state, config, exported)
     return records
 
 
@@ -454,10 +466,12 @@ def _selection_field(config: InfoCSEConfig) -> str:
 
 
 def _selection_name(config: InfoCSEConfig) -> str:
-    """What chooses, for log lines: "heldout_dev_mrr", "nDCG@10 on retrieval dev"..."""
-    if config.rounds.select_by != "eval":
-        return config.rounds.select_by
-    return describe(config.training.eval.select_by)
+    """What chooses, in words for log lines: "STS-B dev Spearman", "nDCG@10 on retrieval
+    dev", "same-document MRR on the held-out dev documents"."""
+    select_by = config.rounds.select_by
+    if select_by == "heldout_dev_mrr":
+        return "same-document MRR on the held-out dev documents"
+    return describe(config.training.eval.select_by if select_by == "eval" else select_by)
 
 
 def _selection_score(record: RoundRecord, config: InfoCSEConfig) -> float:
@@ -737,7 +751,16 @@ def _task_size(task: SameDocumentTask | None) -> str:
     return f"{task.num_documents} documents ({len(task.sentences)} queries)"
 
 
-def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: RoundState) -> None:
+def _export_best(
+    best: RoundRecord,
+    output: Path,
+    config: InfoCSEConfig,
+    state: RoundState,
+    exported: str | None = None,
+) -> None:
+    """The best round's model into `output`/model (and the state's model/ on a storage
+    path), its card told the regime (a student) and, when it is the given model unchanged,
+    `exported` (exported_line)."""
     target = output / "model"
     model_dir = storage.local_model_dir(best.model_dir)
     # Built beside model/ and swapped in: a crash mid-copy keeps the previous model/ whole
@@ -752,18 +775,79 @@ def _export_best(best: RoundRecord, output: Path, config: InfoCSEConfig, state: 
         else:
             # dirs_exist_ok: the staging directory already exists (empty).
             shutil.copytree(model_dir, staged, dirs_exist_ok=True)
+        notes = [regime_line(config, for_card=True)] if config.student.num_layers else []
+        if is_given_model(exported):
+            notes.append(exported)
+        if notes:
+            add_card_lines(staged, notes)
     if state.remote:
         storage.delete_tree(state.location("model"))
         storage.copy_to_storage(target, state.location("model"))
+    where = f"{target} and {state.location('model')}" if state.remote else str(target)
+    if is_given_model(exported):
+        log.warning("%s → %s", exported, where)
+        return
     log.warning(
-        "best: round %d (%s), %s %.2f → exported to %s%s",
+        "best: round %d (%s), %s %.2f → exported to %s",
         best.round,
         best.stage,
         _selection_name(config),
         _selection_score(best, config),
-        target,
-        f" and {state.location('model')}" if state.remote else "",
+        where,
     )
+
+
+def exported_line(records: list[RoundRecord], config: InfoCSEConfig) -> str:
+    """What the rounds export, for rounds.json's "exported" and the job's last lines: "round
+    <r> (<stage>)", or, when no round beat round 0 and round 0 is model.path itself (no
+    student), the one line that says the given model is handed back unchanged."""
+    best, _ = _standing(records, config)
+    if best.stage != "initial" or config.student.num_layers is not None:
+        return f"round {best.round} ({best.stage})"
+    last_of_round = {r.round: r for r in records[1:]}  # a round is judged by its last record
+    top = max(last_of_round.values(), key=lambda r: _selection_score(r, config), default=None)
+    return given_model_round_line(
+        _selection_name(config),
+        top.round if top is not None else None,
+        _selection_score(top, config) if top is not None else None,
+        _selection_score(best, config),
+        config.rounds.min_improvement,
+    )
+
+
+def regime_line(config: InfoCSEConfig, for_card: bool = False) -> str:
+    """The student regime in one line (student.num_layers set): the console at the start of
+    the rounds, and the export's card (`for_card`: the model's name, no local path)."""
+    source = config.training.model.path
+    name = PACKAGED_MODEL_ID if source is None else source
+    if for_card and source is not None and Path(source).exists():
+        name = Path(source).name
+    total = _layer_count(config.training.model_path)
+    layers = config.student.num_layers
+    cut = f"the first {layers} of {total} layers" if total else f"the first {layers} layers"
+    return f"regime: student — {cut} of {name}; the export is the student, not the given model"
+
+
+def _layer_count(model_dir: str) -> int | None:
+    """The transformer layers of a local model (its config.json); None when it does not say."""
+    config_file = Path(model_dir) / "config.json"
+    if not config_file.is_file():
+        return None
+    return json.loads(config_file.read_text()).get("num_hidden_layers")
+
+
+def _summary(config: InfoCSEConfig, exported: str | None = None) -> dict:
+    """rounds.json's account of the run beside its rounds: the regime (the given model
+    trained whole, or a student cut from it) and, once exported, what the export is."""
+    layers = config.student.num_layers
+    summary = (
+        {"regime": "student", "student_layers": layers}
+        if layers is not None
+        else {"regime": "given model"}
+    )
+    if exported is not None:
+        summary["exported"] = exported
+    return summary
 
 
 HEADER = (
@@ -847,15 +931,16 @@ def _save(
     output: Path,
     state: RoundState,
     config: InfoCSEConfig,
+    exported: str | None = None,
 ) -> None:
     """rounds.json/.md in the rounds' state (what a restart reads); with a storage path, a
-    copy of both in the output directory beside the logs; the plot there."""
+    copy of both in the output directory beside the logs; the plot there. `exported`: what
+    the finished rounds exported (exported_line)."""
     table = format_table(records)
-    state.save(config, records, best, table)
+    summary = _summary(config, exported)
+    state.save(config, records, best, table, summary)
     if state.remote:
-        write_text_atomic(
-            output / "rounds.json",
-            json.dumps({"rounds": [asdict(r) for r in records], "best": asdict(best)}, indent=2),
-        )
+        payload = {"rounds": [asdict(r) for r in records], "best": asdict(best), **summary}
+        write_text_atomic(output / "rounds.json", json.dumps(payload, indent=2))
         write_text_atomic(output / "rounds.md", table + "\n")
     write_panels(rounds_panels(records), output / PLOT_FILE, title="InfoCSE rounds")

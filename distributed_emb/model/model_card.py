@@ -34,6 +34,7 @@ from distributed_emb.selection import (
     STSB_DEV,
     best_row,
     describe,
+    is_given_model,
     retrieval_split,
     selected_metric,
 )
@@ -73,6 +74,9 @@ class ModelCardInfo:
     max_seq_length: int | None = None
     training_max_seq_length: int | None = None
     hub_model_id: str | None = None
+    # metrics.json's "exported": "step <s>", or the line that says the start won and the
+    # export is the given model unchanged (selection.given_model_line).
+    exported: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,6 +195,7 @@ def card_info(
         max_seq_length=max_seq_length,
         training_max_seq_length=config.model.max_seq_length,
         hub_model_id=config.export.hub_model_id,
+        exported=metrics.get("exported"),
     )
 
 
@@ -356,7 +361,9 @@ def training_section(info: ModelCardInfo) -> str:
     ]
     if info.license:
         lines.append(f"- **License:** {info.license} (the base model's)")
-    if info.best_step is not None:
+    if is_given_model(info.exported):
+        lines.append(card_bullet(info.exported))
+    elif info.best_step is not None:
         lines.append(
             f"- **Exported step:** {info.best_step}, the best by {describe(info.select_by)} "
             f"(`eval.select_by={info.select_by}`)"
@@ -370,6 +377,29 @@ def training_section(info: ModelCardInfo) -> str:
     if info.command:
         lines += ["", "Trained with:", "", "```bash", info.command, "```"]
     return "\n".join(lines) + "\n"
+
+
+def card_bullet(line: str) -> str:
+    """A run's "label: text" line (selection.given_model_line, InfoCSE's regime) as one of the
+    section's bullets: "- **Label:** text"."""
+    label, _, text = line.partition(": ")
+    return f"- **{label[:1].upper()}{label[1:]}:** {text}"
+
+
+def add_card_lines(model_dir: str | os.PathLike, lines: list[str]) -> None:
+    """Put `lines` ("label: text", e.g. InfoCSE's regime and what its rounds exported: facts
+    of the rounds that the card of one round's training cannot know) at the top of the
+    export's "Training with distributed_emb" section; the section is added to a card without
+    one (a given model or a student exported untrained carries its own card, or none)."""
+    readme = Path(model_dir) / "README.md"
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    bullets = "\n".join(card_bullet(line) for line in lines)
+    heading = SECTION_TITLE + "\n\n"
+    if heading in text:
+        text = text.replace(heading, heading + bullets + "\n", 1)
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + heading + bullets + "\n"
+    write_text_atomic(readme, text)
 
 
 def write_readme(model, directory: str | os.PathLike, info: ModelCardInfo) -> None:

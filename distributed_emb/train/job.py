@@ -12,7 +12,7 @@ from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_inf
 from distributed_emb.model.model_card import position_limit
 from distributed_emb.paths import default_model_path
 from distributed_emb.resource_plan import cluster_from_ray, training_plan
-from distributed_emb.selection import STSB_DEV, describe
+from distributed_emb.selection import STSB_DEV, describe, is_given_model
 from distributed_emb.storage import require_reachable
 from distributed_emb.train.run_identity import prepare_run
 
@@ -121,6 +121,8 @@ def summarise_run(metrics: dict) -> str:
             f"{metrics.get('best_step')}, exported)"
         ]
     exported = "best" if select_by == STSB_DEV else "exported"
+    # The start won: the one line that says the model handed back is the one given.
+    given = [metrics["exported"]] if is_given_model(metrics.get("exported")) else []
     return "\n".join(
         [
             f"model:            {metrics.get('model_dir')}",
@@ -134,6 +136,7 @@ def summarise_run(metrics: dict) -> str:
             f"sentences/s:      {fmt(metrics.get('sentences_per_s'), '.1f')}",
             f"corpus:           kept {corpus.get('kept')}, dropped {corpus.get('dropped')}",
             f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
+            *given,
         ]
     )
 

@@ -33,6 +33,7 @@ from distributed_emb.selection import (
     SELECT_BY,
     SELECT_METRIC,
     best_row,
+    exported_evaluation,
 )
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
@@ -208,6 +209,11 @@ def run_training(
         "stsb_dev_after": last.get(DEV_METRIC),
         "stsb_dev_best": chosen.get(DEV_METRIC),
         "best_step": chosen.get("step"),
+        # "step <s>", or the one line that says the given model is handed back unchanged
+        # (the start won: eval.start_is_candidate); the job prints it, the card carries it.
+        "exported": exported_evaluation(
+            history, config.eval.select_by, config.eval.start_is_candidate
+        ),
         "steps": last.get("step"),
         "sentences_seen": last.get("sentences_seen"),
         "sentences_per_s": _mean([r.get("sentences_per_s") for r in trained]),

@@ -252,6 +252,26 @@ def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_uns
     assert not {r["doc_id"] for r in round_1 + round_2} & held
 
 
+def test_the_student_regime_is_named_on_the_console_in_rounds_json_and_on_the_card(
+    runs, tiny_bert_path
+):
+    """student.num_layers: the run says at its start that it trains a student, rounds.json
+    records the regime and what was exported, and the export's card says it is the student."""
+    run = runs["first"]
+    assert (
+        f"regime: student — the first 1 of 2 layers of {tiny_bert_path}; the export is the "
+        "student, not the given model"
+    ) in run.logs
+    assert (run.rounds["regime"], run.rounds["student_layers"]) == ("student", 1)
+    best = run.rounds["best"]
+    assert run.rounds["exported"] == f"round {best['round']} ({best['stage']})"
+    card = (run.output / "model" / "README.md").read_text()
+    assert (
+        f"- **Regime:** student — the first 1 of 2 layers of {Path(tiny_bert_path).name};" in card
+    )
+    assert "given model unchanged" not in card
+
+
 def test_a_restarted_run_continues_its_rounds_from_the_bucket(runs):
     """The rerun finds rounds 0 and 1 in rounds.json and round 2's committed pairs: it scores
     nothing again, mines nothing again, and round 2's training resumes from its checkpoint."""

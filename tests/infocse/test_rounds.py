@@ -3,6 +3,7 @@ stopping rule and failures. The end-to-end runs (annotate → train → evaluate
 cluster with the state in a bucket) are tests/cluster/test_infocse_object_storage.py."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,7 @@ def _config(tmp_path, tiny_bert_path, shared_data_dir, extra=()):
             "annotation.model=null",
             "student.num_layers=null",
             "rounds.select_by=stsb_dev",
+            "eval.select_by=stsb_dev",  # the default job's is retrieval:dev on shipped:news
             "rounds.stsb_test=false",
             f"model.path={tiny_bert_path}",
             "train.batch_size=8",
@@ -118,6 +120,7 @@ def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "rounds.json").read_text())
     assert saved["best"]["stage"] == "supervised" and len(saved["rounds"]) == 4
     assert saved["settings"]["rounds.select_by"] == "stsb_dev"  # what a restart checks
+    assert saved["regime"] == "given model" and "exported" not in saved  # not exported yet
 
     (panels,) = plotted
     dev, retrieval, pairs = panels
@@ -302,3 +305,94 @@ def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
     assert [(r.round, n) for r, n in [_standing(records, by_own_dev)]] == [(2, 0)]
     with pytest.raises(ConfigError, match="rounds.arrange_pairs was removed"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.arrange_pairs=false"])
+
+
+def _round(index, stage, stsb_dev, model_dir=None):
+    return RoundRecord(index, stage, model_dir or f"m{index}", stsb_dev=stsb_dev,
+                       retrieval_mrr=0.5, retrieval_recall_at_1=0.4)  # fmt: skip
+
+
+def test_rounds_say_when_they_hand_back_the_given_model_and_name_the_student_regime(
+    tmp_path, tiny_bert_path
+):
+    """exported_line: the one line when round 0, model.path itself, beat every round; else
+    the round. regime_line: the student named as such (console, card). Both in rounds.json."""
+    from distributed_emb.infocse import rounds
+
+    given = load_config(InfoCSEConfig, None, [f"model.path={tiny_bert_path}"])
+    start_won = [_round(0, "initial", 80.0), _round(1, "infocse", 79.5),
+                 _round(2, "infocse", 78.0)]  # fmt: skip
+    line = rounds.exported_line(start_won, given)
+    assert line == (
+        "exported: the given model unchanged — no round beat it on STS-B dev Spearman "
+        "(best round 1: 79.50 vs 80.00)"
+    )
+    trained_won = [_round(0, "initial", 80.0), _round(1, "infocse", 81.0)]
+    assert rounds.exported_line(trained_won, given) == "round 1 (infocse)"
+
+    student = load_config(
+        InfoCSEConfig, None, [f"model.path={tiny_bert_path}", "student.num_layers=1"]
+    )
+    # Round 0 of a student is the cut model: not the given one, whatever won.
+    assert rounds.exported_line(start_won, student) == "round 0 (initial)"
+    assert rounds.regime_line(student) == (
+        f"regime: student — the first 1 of 2 layers of {tiny_bert_path}; the export is the "
+        "student, not the given model"
+    )
+    card_name = Path(tiny_bert_path).name  # no path of this machine on the card
+    assert rounds.regime_line(student, for_card=True).startswith(
+        f"regime: student — the first 1 of 2 layers of {card_name};"
+    )
+    packaged = load_config(InfoCSEConfig, None, ["student.num_layers=3"])
+    assert rounds.regime_line(packaged).startswith(
+        "regime: student — the first 3 of 6 layers of sentence-transformers/all-MiniLM-L6-v2;"
+    )
+
+    state = RoundState(str(tmp_path), remote=False)
+    rounds._save(trained_won, trained_won[1], tmp_path, state, student, "round 1 (infocse)")
+    saved = json.loads((tmp_path / "rounds.json").read_text())
+    assert (saved["regime"], saved["student_layers"], saved["exported"]) == (
+        "student",
+        1,
+        "round 1 (infocse)",
+    )
+    rounds._save(start_won, start_won[0], tmp_path, state, given, line)
+    saved = json.loads((tmp_path / "rounds.json").read_text())
+    assert (saved["regime"], saved["exported"]) == ("given model", line)
+    assert "student_layers" not in saved
+
+
+def test_the_exports_card_names_the_student_regime_or_the_given_model_handed_back(
+    tmp_path, tiny_bert_path
+):
+    from distributed_emb.infocse import rounds
+    from distributed_emb.model.model_card import SECTION_TITLE, card_bullet
+
+    def model_dir(name, card):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "modules.json").write_text("[]")
+        (directory / "README.md").write_text(card)
+        return str(directory)
+
+    output = tmp_path / "out"
+    output.mkdir()
+    state = RoundState(str(output), remote=False)
+    round_card = f"# round 1\n\n{SECTION_TITLE}\n\n- **Method:** InfoCSE-style\n"
+    best = _round(1, "infocse", 81.0, model_dir("round_1", round_card))
+    student = load_config(
+        InfoCSEConfig, None, [f"model.path={tiny_bert_path}", "student.num_layers=1"]
+    )
+    rounds._export_best(best, output, student, state, "round 1 (infocse)")
+    card = (output / "model" / "README.md").read_text()
+    assert card_bullet(rounds.regime_line(student, for_card=True)) in card
+    assert "- **Method:** InfoCSE-style" in card and "given model unchanged" not in card
+    assert (tmp_path / "round_1" / "README.md").read_text() == round_card  # the copy only
+
+    given = load_config(InfoCSEConfig, None, [f"model.path={tiny_bert_path}"])
+    start = _round(0, "initial", 80.0, model_dir("given", "# the given model's own card\n"))
+    line = rounds.exported_line([start, _round(1, "infocse", 79.0)], given)
+    rounds._export_best(start, output, given, state, line)
+    card = (output / "model" / "README.md").read_text()
+    assert card.startswith("# the given model's own card\n")
+    assert card_bullet(line) in card and "Regime" not in card

@@ -12,6 +12,8 @@ import torch
 from distributed_emb.config import ConfigError, TrainingConfig, load_config
 from distributed_emb.model.model_card import (
     PACKAGED_MODEL_ID,
+    SECTION_TITLE,
+    add_card_lines,
     base_model_card,
     card_info,
     export_max_seq_length,
@@ -176,6 +178,53 @@ def test_a_retrieval_choice_is_what_the_card_says_chose_with_sts_beside_it(tmp_p
     section = training_section(info)
     assert "the best by nDCG@10 on retrieval dev (`eval.select_by=retrieval:dev`)" in section
     assert "eval.retrieval_dir" not in info.hyperparameters  # a path on this machine
+
+
+def test_a_card_of_the_given_model_unchanged_says_so_instead_of_an_exported_step():
+    from distributed_emb.selection import exported_evaluation
+
+    config = load_config(TrainingConfig, None, [])
+    history = [
+        {"step": 0, "stsb_dev_spearman": 80.0, "select_score": 80.0},
+        {"step": 10, "stsb_dev_spearman": 79.0, "select_score": 79.0},
+    ]
+    exported = exported_evaluation(history, "stsb_dev", start_is_candidate=True)
+    info = card_info(config, metrics={"history": history, "best_step": 0, "exported": exported})
+    section = training_section(info)
+    assert (
+        "- **Exported:** the given model unchanged — no trained step beat it on STS-B dev "
+        "Spearman (best trained 79.00 at step 10 vs 80.00 at the start)"
+    ) in section
+    assert "Exported step" not in section
+    trained = card_info(
+        config, metrics={"history": history, "best_step": 10, "exported": "step 10"}
+    )
+    assert "- **Exported step:** 10, the best by STS-B dev Spearman" in training_section(trained)
+
+
+def test_rounds_add_their_lines_to_the_cards_training_section_or_add_the_section(tmp_path):
+    lines = ["regime: student — the first 3 of 6 layers of m; the export is the student, not "
+             "the given model"]  # fmt: skip
+    bullet = "- **Regime:** student — the first 3 of 6 layers of m; the export is the student"
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "README.md").write_text(f"# m\n\n{SECTION_TITLE}\n\n- **Method:** x\n")
+    add_card_lines(ours, lines)
+    text = (ours / "README.md").read_text()
+    assert text.startswith(f"# m\n\n{SECTION_TITLE}\n\n{bullet}") and "- **Method:** x" in text
+    theirs = tmp_path / "theirs"  # a given model's own card
+    theirs.mkdir()
+    (theirs / "README.md").write_text("# all-MiniLM-L6-v2\n\nIts own card.\n")
+    add_card_lines(theirs, lines)
+    assert (
+        (theirs / "README.md")
+        .read_text()
+        .startswith(f"# all-MiniLM-L6-v2\n\nIts own card.\n\n{SECTION_TITLE}\n\n{bullet}")
+    )
+    bare = tmp_path / "bare"  # no card at all
+    bare.mkdir()
+    add_card_lines(bare, lines)
+    assert (bare / "README.md").read_text().startswith(f"{SECTION_TITLE}\n\n{bullet}")
 
 
 def test_mlm_term_and_hub_id_in_the_card():

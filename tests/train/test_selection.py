@@ -9,6 +9,9 @@ from distributed_emb.selection import (
     DEV_METRIC,
     SELECT_METRIC,
     best_row,
+    exported_evaluation,
+    given_model_round_line,
+    is_given_model,
     scored_splits,
     selected_metric,
 )
@@ -66,3 +69,37 @@ def test_the_best_evaluation_is_the_highest_selection_score_whatever_sts_says():
     assert best_row(start, start_is_candidate=False)["step"] == 20
     assert best_row(_history((0, 40.0, 80.0)), start_is_candidate=False) is None
     assert best_row([{"step": 5, DEV_METRIC: 80.0}]) is None  # nothing reported a choice
+
+
+def test_a_run_whose_start_won_says_in_one_line_that_it_hands_back_the_given_model():
+    start_won = _history((0, 40.0, 80.0), (10, 35.5, 81.0), (20, 37.25, 79.0))
+    line = exported_evaluation(start_won, "retrieval:dev", start_is_candidate=True)
+    assert line == (
+        "exported: the given model unchanged — no trained step beat it on nDCG@10 on "
+        "retrieval dev (best trained 37.25 at step 20 vs 40.00 at the start)"
+    )
+    assert is_given_model(line) and "\n" not in line
+    # A trained step that wins, or a start that may not: the exported step.
+    trained_won = _history((0, 30.0, 80.0), (10, 35.0, 81.0))
+    assert exported_evaluation(trained_won, "stsb_dev", True) == "step 10"
+    assert exported_evaluation(start_won, "stsb_dev", False) == "step 20"
+    assert not is_given_model("step 20") and not is_given_model(None)
+    # Only the start was scored: nothing trained to compare with, said so.
+    assert exported_evaluation(_history((0, 40.0, 80.0)), "stsb_dev", True) == (
+        "exported: the given model unchanged — no trained step was scored on STS-B dev Spearman"
+    )
+    assert exported_evaluation([{"step": 5, DEV_METRIC: 80.0}], "stsb_dev", True) is None
+
+
+def test_rounds_whose_start_won_name_the_best_round_and_the_margin_it_needed():
+    what = "nDCG@10 on retrieval dev"
+    assert given_model_round_line(what, 2, 41.5, 42.0) == (
+        "exported: the given model unchanged — no round beat it on nDCG@10 on retrieval dev "
+        "(best round 2: 41.50 vs 42.00)"
+    )
+    # A round above the start by less than rounds.min_improvement did not beat it.
+    assert given_model_round_line(what, 1, 42.2, 42.0, min_improvement=0.5) == (
+        "exported: the given model unchanged — no round beat it on nDCG@10 on retrieval dev "
+        "by more than 0.5 (best round 1: 42.20 vs 42.00)"
+    )
+    assert is_given_model(given_model_round_line(what, None, None, 42.0))

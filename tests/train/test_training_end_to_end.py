@@ -46,6 +46,20 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     assert metrics["dev_best"] == best["retrieval_dev_ndcg_at_10"]
     assert metrics["dev_before"] == history[0]["retrieval_dev_ndcg_at_10"]
     assert metrics["stsb_dev_best"] == best["stsb_dev_spearman"]  # STS-B dev at that step
+    # "exported": the step, or, when the start won, the one line that says the given model is
+    # handed back unchanged; the job's summary prints that line once.
+    from distributed_emb.train.job import summarise_run
+
+    summary = summarise_run(metrics).splitlines()
+    if metrics["best_step"] == 0:
+        assert metrics["exported"].startswith(
+            "exported: the given model unchanged — no trained step beat it on nDCG@10 on "
+            "retrieval dev (best trained "
+        )
+        assert summary.count(metrics["exported"]) == 1
+    else:
+        assert metrics["exported"] == f"step {metrics['best_step']}"
+        assert not [line for line in summary if "given model" in line]
     state = json.loads((Path(result.best_checkpoint) / STATE_FILE).read_text())
     assert state["step"] == best["step"]
 
