@@ -925,12 +925,7 @@ class TrainingConfig:
         )
         if lo.distill_teacher is not None:
             require_model_dir(lo.distill_teacher, "loss.distill_teacher")
-        if lo.distill_weight > 0:
-            _require(
-                lo.distill_teacher is not None,
-                "loss.distill_teacher",
-                "loss.distill_weight > 0 needs a teacher model (a path or hub name)",
-            )
+        if lo.distill_weight > 0:  # no teacher named: the starting model (a pull toward it)
             _require(
                 m.mlp_head != "train_only",
                 "model.mlp_head",

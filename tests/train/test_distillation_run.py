@@ -29,7 +29,6 @@ def _config(tmp_path, student: str, teacher: str | None, *extra: str) -> Trainin
 @pytest.mark.parametrize(
     "overrides, key, says",
     [
-        (["loss.distill_weight=1"], r"loss\.distill_teacher", "needs a teacher"),
         (["loss.distill_teacher=TEACHER"], r"loss\.distill_teacher", "distill_weight is 0"),
         (["loss.distill_weight=-1"], r"loss\.distill_weight", ">= 0"),
         (["loss.contrastive_weight=-0.5"], r"loss\.contrastive_weight", ">= 0"),
@@ -54,6 +53,17 @@ def test_bad_distillation_settings_name_the_key(overrides, key, says, tiny_bert_
     overrides = [o.replace("TEACHER", tiny_bert_path) for o in overrides]
     with pytest.raises(ConfigError, match=f"{key}.*{says}"):
         load_config(TrainingConfig, None, overrides)
+
+
+def test_no_teacher_named_means_the_starting_model(tiny_bert_path):
+    """loss.distill_weight alone pulls toward the model training starts from (train/teacher.py
+    loads model.path when no teacher is named): the regulariser that keeps what it knows."""
+    config = load_config(
+        TrainingConfig,
+        None,
+        [f"model.path={tiny_bert_path}", "loss.distill_weight=0.1", "model.mlp_head=none"],
+    )
+    assert config.loss.distill_teacher is None and config.loss.needs_teacher
 
 
 def test_a_teacher_of_another_width_or_vocabulary_fails_before_ray(tmp_path, tiny_bert_path):
