@@ -6,7 +6,9 @@ random projection and the uncompressed encoder.
 With no arguments: the packaged all-MiniLM-L6-v2 (mean pooling), every sentence of the shipped
 Wikipedia articles and Lee news documents (clusters = documents), label-free similar pairs from
 InfoCSE's intra-document clustering, heads for 64 and 128 dims, the best epoch by STS-B dev,
-evaluated on the shipped STS-B. --senteval-data DIR [DIR ...] points the evaluation (and the
+evaluated on the shipped STS-B and on the shipped news retrieval set (eval.retrieval_dir:
+nDCG@10 of its dev and test splits, each head against PCA and the encoder with paired
+intervals; never selected on). --senteval-data DIR [DIR ...] points the evaluation (and the
 selection, from the first: the mean of STS-B dev and SICK-R dev where it holds SICK) at
 SentEval data/downstream directories, which adds SICK-R, the transfer tasks and STS12–16
 where they hold them. Every setting and its default: --help; see docs/MCR2.md.

@@ -33,6 +33,16 @@ class MCR2LossConfig:
             "the expansion term",
         ),
     ] = 1.0
+    # 0 with compress_weight=0 and pair_weight=0 leaves the distillation term alone: the
+    # "distillation only" arm the MCR² terms are measured against (docs/MCR2.md).
+    expand_weight: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="weight of the expansion term −R(Z): 1.0 is the MCR² objective; 0 "
+            "turns it off",
+        ),
+    ] = 1.0
     compute_dtype: Annotated[
         Literal["float32", "float64"] | None,
         Field(
@@ -90,14 +100,16 @@ class LossConfig:
         Field(
             ge=0,
             description="δ, the weight of the mean squared error to a frozen teacher's vectors "
-            "(losses/distillation.py)",
+            "(losses/distillation.py); with no loss.distill_teacher the teacher is the starting "
+            "model: a pull toward what the given model knows",
         ),
     ] = 0.0
     distill_teacher: Annotated[
         str | None,
         Field(
             description="the teacher of δ and of loss.mcr2's neighbourhood term: a model path "
-            "or hub name sharing the student's tokenizer and width (null there: model.path)"
+            "or hub name sharing the student's tokenizer and width; null: model.path, the "
+            "starting model itself"
         ),
     ] = None
     # −R(Z) + R_c(Z, Π) with Π the batch's data.group_column, − λ·cos of the two dropout views,

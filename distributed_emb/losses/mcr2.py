@@ -145,7 +145,7 @@ def pair_cosine(view1: torch.Tensor, view2: torch.Tensor) -> torch.Tensor:
 
 
 class MCR2Loss(torch.nn.Module):
-    """loss = −R(Z) + w_c·R_c(Z, Π) − λ·mean cos(ẑ¹ᵢ, ẑ²ᵢ) + μ·KL(P_teacher ‖ P_z).
+    """loss = −w_e·R(Z) + w_c·R_c(Z, Π) − λ·mean cos(ẑ¹ᵢ, ẑ²ᵢ) + μ·KL(P_teacher ‖ P_z).
 
     forward(z, clusters, views=None, teacher=None):
       z: (n, d) embeddings (normalised here);
@@ -186,7 +186,7 @@ class MCR2Loss(torch.nn.Module):
             rate_c = soft_compressed_coding_rate(z, clusters, cfg.eps, self._dtype)
         else:
             rate_c = compressed_coding_rate(z, clusters, cfg.eps, self._dtype)
-        loss = (-rate + cfg.compress_weight * rate_c).to(z.dtype)
+        loss = (-cfg.expand_weight * rate + cfg.compress_weight * rate_c).to(z.dtype)
         metrics = {
             "rate": rate.item(),
             "rate_compressed": rate_c.item(),

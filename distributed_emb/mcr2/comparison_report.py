@@ -1,18 +1,22 @@
 """The comparison: output sizes × methods × {dev avg (the heads' selection: STS-B dev and,
 where present, SICK-R dev), STS-B dev, STS-B test, SICK-R test, STS12–16, unseen-STS avg,
-STS avg, transfer avg, retrieval}, as a table and as a plot; and each row's difference from
-the uncompressed encoder on every test set, with its paired-bootstrap 95% interval."""
+STS avg, transfer avg, retrieval, nDCG@10 of each split of eval.retrieval_dir}, as a table
+and as a plot; and each row's difference from the uncompressed encoder on every test set, and
+each head's from PCA at its size, with their paired-bootstrap 95% intervals."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
 from distributed_emb.evaluation.comparison import compare_results
 from distributed_emb.evaluation.paired_bootstrap import PairedDifference
 from distributed_emb.evaluation.results_tables import headline
+from distributed_emb.paths import SHIPPED_PREFIX
 from distributed_emb.plots import Panel
+from distributed_emb.selection import retrieval_metric
 from distributed_emb.tables import markdown_table
 
 COLUMNS = (
@@ -36,6 +40,33 @@ INTERVAL_COLUMNS = (
     ("retrieval_mrr", "retrieval MRR"),
 )
 _STS_KEYS = {"STSBenchmark": "stsb_test", "SICKRelatedness": "sickr_test"}
+# The methods compared with PCA at their own size too: what the job trains.
+HEAD_METHODS = ("mcr2",)
+PCA = "pca"
+
+
+def retrieval_set_name(directory: str) -> str:
+    """A BEIR directory's name for column titles: ``shipped:news`` → news, a path → its last
+    part."""
+    if directory.startswith(SHIPPED_PREFIX):
+        return directory[len(SHIPPED_PREFIX) :]
+    return Path(directory).name or directory
+
+
+def beir_columns(name: str | None, splits: list[str]) -> list[tuple[str, str]]:
+    """(key, title) of the nDCG@10 of each split of the run's BEIR set `name`."""
+    return [(retrieval_metric(split), f"{name} {split} nDCG@10") for split in splits]
+
+
+def _beir_set(rows: list[dict]) -> tuple[str | None, list[str]]:
+    """The run's BEIR set (one per run) and the splits any row was scored on, in order."""
+    name = next((row["retrieval_set"] for row in rows if row.get("retrieval_set")), None)
+    return name, list(dict.fromkeys(s for row in rows for s in row.get("beir_splits") or []))
+
+
+def table_columns(rows: list[dict]) -> list[tuple[str, str]]:
+    """COLUMNS, then each BEIR split's nDCG@10 the rows have."""
+    return [*COLUMNS, *beir_columns(*_beir_set(rows))]
 
 
 def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
@@ -46,7 +77,9 @@ def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
     selection domain; ``dev_scores`` are the method's dev Spearmans (``stsb_dev``, maybe
     ``sickr_dev``, and their mean ``dev_avg``: train.dev_scores); ``sts12_16`` the mean
     of the STS12–16 years present (each year's subsets pooled); ``transfer_avg`` the accuracy
-    of every transfer task present. Absent groups give None, shown as "-".
+    of every transfer task present; ``retrieval_<split>_ndcg_at_10`` the nDCG@10 × 100 of each
+    split of eval.retrieval_dir (``beir_splits``, from ``retrieval_set``). Absent groups give
+    None, shown as "-".
     """
     sts = suite_output.get("sts") or {}
     transfer = suite_output.get("transfer") or {}
@@ -58,6 +91,7 @@ def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
     years = [headline("sts", t, r) for t, r in sts.items() if t.startswith("STS1")]
     sick = sts.get("SICKRelatedness")
     first_retrieval = next(iter(retrieval.values()), None)
+    beir = suite_output.get("beir") or {}
     return {
         "dev_avg": dev_scores["dev_avg"],
         "stsb_dev": dev_scores["stsb_dev"],
@@ -71,6 +105,9 @@ def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
         "transfer_avg": float(np.mean(transfer_values)) if transfer_values else None,
         "transfer_tasks": sorted(transfer),
         "retrieval_mrr": first_retrieval["mrr"] if first_retrieval else None,
+        "retrieval_set": retrieval_set_name(suite_output["retrieval_dir"]) if beir else None,
+        "beir_splits": list(beir),
+        **{retrieval_metric(split): result["metrics"]["ndcg@10"] for split, result in beir.items()},
     }
 
 
@@ -82,49 +119,84 @@ def _cell(value) -> str:
 
 def results_table(rows: list[dict]) -> str:
     """rows: {"dim", "method", **summary}; one line per (dim, method), as a Markdown table."""
-    header = ["dim", "method", *(title for _, title in COLUMNS)]
+    columns = table_columns(rows)
+    header = ["dim", "method", *(title for _, title in columns)]
     return markdown_table(
         header,
-        ([str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in COLUMNS)]
+        ([str(row["dim"]), row["method"], *(_cell(row.get(key)) for key, _ in columns)]
          for row in rows),
     )  # fmt: skip
 
 
 def paired_intervals(rows: list[dict], suite_outputs: dict[str, dict], seed: int = 0) -> dict:
     """Each row minus the reference row (the uncompressed ``full`` encoder; the first row
-    when there is none) on every test set both were scored on: {"reference": "<method>-<dim>",
-    "rows": [{"dim", "method", "intervals": {INTERVAL_COLUMNS key: PairedDifference.as_dict()}}]}.
-    The items (test pairs, retrieval queries) are resampled and both rows scored on each
-    resample (evaluation/comparison.py); `suite_outputs` are the suite's outputs by
-    "<method>-<dim>", with their per-item values."""
+    when there is none), and each head (HEAD_METHODS) minus PCA at its size, on every test set
+    both were scored on::
+
+        {"reference": "<method>-<dim>", "rows": [{"dim", "method", "intervals"}],
+         "versus_pca": [{"dim", "method", "reference": "pca-<dim>", "intervals"}],
+         "retrieval_set": name or None, "beir_splits": [split, ...]}
+
+    with "intervals" {INTERVAL_COLUMNS key or retrieval_<split>_ndcg_at_10:
+    PairedDifference.as_dict()}. The items (test pairs, retrieval queries) are resampled and
+    both rows scored on each resample (evaluation/comparison.py); `suite_outputs` are the
+    suite's outputs by "<method>-<dim>", with their per-item values."""
+    name, splits = _beir_set(rows)
+    out: dict = {
+        "reference": None,
+        "rows": [],
+        "versus_pca": [],
+        "retrieval_set": name,
+        "beir_splits": splits,
+    }
     if not rows:
-        return {"reference": None, "rows": []}
+        return out
     reference = next((row for row in rows if row["method"] == "full"), rows[0])
-    reference_key = f"{reference['method']}-{reference['dim']}"
-    out: dict = {"reference": reference_key, "rows": []}
+    out["reference"] = _key(reference)
+    pca = {row["dim"]: row for row in rows if row["method"] == PCA}
     for row in rows:
-        if row is reference:
-            continue
-        comparison = compare_results(
-            suite_outputs[reference_key], suite_outputs[f"{row['method']}-{row['dim']}"], seed
-        )
-        intervals = {
-            _STS_KEYS.get(task, task): result for task, result in comparison["sts"].items()
-        }
-        first_retrieval = next(iter(comparison["retrieval"].values()), None)
-        if first_retrieval is not None:
-            intervals["retrieval_mrr"] = first_retrieval["mrr"]
-        out["rows"].append({"dim": row["dim"], "method": row["method"], "intervals": intervals})
+        if row is not reference:
+            intervals = _intervals(suite_outputs, reference, row, seed)
+            out["rows"].append({"dim": row["dim"], "method": row["method"], "intervals": intervals})
+        if row["method"] in HEAD_METHODS and row["dim"] in pca:
+            out["versus_pca"].append(
+                {
+                    "dim": row["dim"],
+                    "method": row["method"],
+                    "reference": _key(pca[row["dim"]]),
+                    "intervals": _intervals(suite_outputs, pca[row["dim"]], row, seed),
+                }
+            )
     return out
 
 
-def intervals_table(intervals: dict) -> str:
-    """:func:`paired_intervals` as a Markdown table, the columns any row has; ``*`` marks an
-    interval that excludes 0."""
+def _key(row: dict) -> str:
+    return f"{row['method']}-{row['dim']}"
+
+
+def _intervals(suite_outputs: dict[str, dict], baseline: dict, candidate: dict, seed: int) -> dict:
+    """candidate − baseline on each test set both rows' outputs hold, by table key."""
+    comparison = compare_results(
+        suite_outputs[_key(baseline)], suite_outputs[_key(candidate)], seed
+    )
+    intervals = {_STS_KEYS.get(task, task): result for task, result in comparison["sts"].items()}
+    first_retrieval = next(iter(comparison["retrieval"].values()), None)
+    if first_retrieval is not None:
+        intervals["retrieval_mrr"] = first_retrieval["mrr"]
+    for split, metrics in comparison["beir"].items():
+        intervals[retrieval_metric(split)] = metrics["ndcg@10"]
+    return intervals
+
+
+def intervals_table(intervals: dict, section: str = "rows") -> str:
+    """A part of :func:`paired_intervals` (``rows``: against the reference; ``versus_pca``)
+    as a Markdown table, the columns any row has; ``*`` marks an interval that excludes 0."""
+    rows = intervals.get(section) or []
+    beir = beir_columns(intervals.get("retrieval_set"), intervals.get("beir_splits") or [])
     present = [
         (key, title)
-        for key, title in INTERVAL_COLUMNS
-        if any(key in row["intervals"] for row in intervals["rows"])
+        for key, title in (*INTERVAL_COLUMNS, *beir)
+        if any(key in row["intervals"] for row in rows)
     ]
 
     def cell(values: dict | None) -> str:
@@ -136,7 +208,7 @@ def intervals_table(intervals: dict) -> str:
     return markdown_table(
         ["dim", "method", *(title for _, title in present)],
         ([str(row["dim"]), row["method"], *(cell(row["intervals"].get(key)) for key, _ in present)]
-         for row in intervals["rows"]),
+         for row in rows),
     )  # fmt: skip
 
 
@@ -147,7 +219,7 @@ def comparison_panels(rows: list[dict], head_histories: dict[int, list[dict]]) -
     sizes = sorted({row["dim"] for row in rows if row["method"] != "full"})
     methods = list(dict.fromkeys(row["method"] for row in rows if row["method"] != "full"))
     panels = []
-    for key, title in COLUMNS:
+    for key, title in table_columns(rows):
         if not any(_is_value(row.get(key)) for row in rows):
             continue
         series = {

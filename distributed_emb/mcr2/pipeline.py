@@ -8,11 +8,13 @@
 3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by dev avg),
    and PCA and a random projection fitted on the same training vectors.
 4. `evaluate_methods`: every method, and the uncompressed encoder, through the evaluation
-   suite on the tasks present in the SentEval directory; each distinct sentence is embedded
-   once for all methods.
+   suite on the tasks present in the SentEval directory and on the splits of the BEIR
+   directory ``eval.retrieval_dir`` (the shipped news set by default); each distinct sentence
+   is embedded once for all methods.
 5. `export_heads`, `write_outputs`: each head with its encoder as a SentenceTransformer
-   directory under ``models/``; ``results.json``, ``results.md`` (the table, and each row's
-   difference from the uncompressed encoder with its paired 95% interval) and
+   directory under ``models/``; ``results.json``, ``results.md`` (the table, each row's
+   difference from the uncompressed encoder and each head's from PCA at its size, with their
+   paired 95% intervals) and
    ``heads_vs_baselines.png``. ``training_sentences.parquet`` (text, cluster_id) and the heads
    under ``models/`` are what jobs/finetune_mcr2.py fine-tunes end to end.
 
@@ -205,7 +207,8 @@ def run(config: MCR2Config) -> dict:
     timings["total_s"] = time.perf_counter() - started
     results = {
         "table": evaluation.rows,
-        # Each row minus the uncompressed encoder on each test set, with its 95% interval.
+        # Each row minus the uncompressed encoder, and each head minus PCA at its size, on
+        # each test set and retrieval split, with their 95% intervals.
         "intervals": paired_intervals(evaluation.rows, evaluation.suite_outputs),
         "training": {
             "sentences": inputs.sentences.summary,
@@ -406,6 +409,16 @@ def evaluate_methods(
         )
         for directory, dir_tasks in placed.items()
     ]
+    if config.eval.retrieval_dir is not None:  # a BEIR-only pass (tasks=None): once, not per dir
+        eval_configs.append(
+            EvaluationConfig(
+                eval=TaskSelection(
+                    senteval_dir=inputs.senteval_dir,
+                    retrieval_dir=config.eval.retrieval_dir,
+                    retrieval_splits=config.eval.retrieval_splits,
+                )
+            )
+        )
     evaluation = Evaluation([], {}, tasks, absent)
     for (dim, method), project in methods.items():
         if isinstance(project, TextMethod):
@@ -431,7 +444,8 @@ def evaluate_methods(
 
 def merge_outputs(outputs: list[dict]) -> dict:
     """The suite's outputs for several directories as one: the group dicts (``sts``,
-    ``transfer``, ``retrieval``, ...) merged, the directories listed."""
+    ``transfer``, ``retrieval``, ..., and the BEIR splits, ``beir``) merged, the directories
+    listed."""
     if not outputs:
         return {}
     merged: dict = {"senteval_dirs": [o.get("senteval_dir") for o in outputs], "skipped": []}
@@ -439,7 +453,7 @@ def merge_outputs(outputs: list[dict]) -> dict:
         for key, value in output.items():
             if key == "skipped":
                 merged["skipped"].extend(value)
-            elif key in TASK_GROUPS and isinstance(value, dict):
+            elif key in (*TASK_GROUPS, "beir") and isinstance(value, dict):
                 merged.setdefault(key, {}).update(value)
             else:
                 merged.setdefault(key, value)
@@ -490,14 +504,22 @@ def _markdown_report(results: dict, table: str) -> str:
         "",
         table,
         "",
-        f"Difference from {results['intervals']['reference']} on each test set, paired-bootstrap "
-        "95% interval (test pairs and queries resampled; * excludes 0):",
+        f"Difference from {results['intervals']['reference']} on each evaluation set, "
+        "paired-bootstrap 95% interval (pairs and queries resampled; * excludes 0):",
         "",
         intervals_table(results["intervals"]),
+        "",
+        "Each head minus PCA at the same size, paired-bootstrap 95% interval (* excludes 0):",
+        "",
+        intervals_table(results["intervals"], "versus_pca")
+        if results["intervals"]["versus_pca"]
+        else "(no head with a PCA row at its size)",
         "",
         f"- training sentences: {results['training']['sentences'].splitlines()[0]}",
         f"- pairs: {results['training']['pairs']}",
         f"- tasks evaluated: {', '.join(results['tasks_evaluated']) or 'none'}",
+        f"- retrieval (BEIR layout, nDCG@10 × 100, never selected on): "
+        f"{results['config']['eval']['retrieval_dir'] or 'none'}",
         f"- SentEval dirs: {', '.join(results['senteval_dirs'])} (STS-B dev, the selection "
         f"set, from {results['senteval_dir']})",
         f"- wall time (s): {timings}",

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.tiny_run import tiny_beir_dir
 
 from distributed_emb.config import load_config
 from distributed_emb.evaluation.senteval_data import STS_YEAR_SUBSETS
@@ -88,8 +89,16 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
 
     monkeypatch.setattr(pipeline, "write_panels", record_plot)
     overrides = _overrides(tmp_path, tiny_bert_path, small_data)
+    beir = tiny_beir_dir(tmp_path / "beir")  # dev, test and train splits; train not scored
     config = load_config(
-        MCR2Config, None, [*overrides, f"eval.extra_senteval_dirs=[{small_data[2]}]"]
+        MCR2Config,
+        None,
+        [
+            *overrides,
+            f"eval.extra_senteval_dirs=[{small_data[2]}]",
+            f"eval.retrieval_dir={beir}",
+            "eval.retrieval_splits=[dev, test]",
+        ],
     )
     config.validate()
     results = pipeline.run(config)
@@ -111,6 +120,11 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert full["sts_avg"] == pytest.approx((full["stsb_test"] + full["sts12_16"]) / 2)
     assert full["unseen_sts_avg"] == full["sts12_16"] and full["sickr_test"] is None
     assert full["transfer_avg"] is None and full["retrieval_mrr"] is not None
+    # The BEIR splits asked for, in every row, as the suite scored them; never the third.
+    beir_output = results["evaluation"]["full-32"]["beir"]
+    assert list(beir_output) == ["dev", "test"] and full["beir_splits"] == ["dev", "test"]
+    assert full["retrieval_test_ndcg_at_10"] == beir_output["test"]["metrics"]["ndcg@10"]
+    assert all(row["retrieval_dev_ndcg_at_10"] is not None for row in results["table"])
 
     # The uncompressed row is the plain encoder scored by the project's STS function.
     test = read_sts_benchmark(small_data[0], "test")
@@ -134,7 +148,19 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     intervals = results["intervals"]
     assert intervals["reference"] == "full-32" and len(intervals["rows"]) == 8
     pca = next(r["intervals"] for r in intervals["rows"] if (r["dim"], r["method"]) == (8, "pca"))
-    assert set(pca) == {"stsb_test", "STS12", "retrieval_mrr"}
+    assert set(pca) == {
+        "stsb_test", "STS12", "retrieval_mrr",
+        "retrieval_dev_ndcg_at_10", "retrieval_test_ndcg_at_10",
+    }  # fmt: skip
+    assert pca["retrieval_test_ndcg_at_10"]["n"] == 5  # tiny_beir_dir's test queries
+    # Each head against PCA at its size, on the same per-query values.
+    versus = {r["dim"]: r for r in intervals["versus_pca"]}
+    assert [(r["method"], r["reference"]) for r in versus.values()] == [
+        ("mcr2", "pca-4"), ("mcr2", "pca-8"),
+    ]  # fmt: skip
+    head_vs_pca = versus[8]["intervals"]["retrieval_dev_ndcg_at_10"]
+    assert head_vs_pca["baseline"] == pytest.approx(rows[(8, "pca")]["retrieval_dev_ndcg_at_10"])
+    assert head_vs_pca["candidate"] == pytest.approx(rows[(8, "mcr2")]["retrieval_dev_ndcg_at_10"])
     assert pca["stsb_test"]["baseline"] == pytest.approx(full["stsb_test"])
     assert pca["stsb_test"]["candidate"] == pytest.approx(rows[(8, "pca")]["stsb_test"])
     assert pca["STS12"]["n"] == 50 and pca["stsb_test"]["low"] <= pca["stsb_test"]["high"]
@@ -151,7 +177,9 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert table["cluster_id"] == sentences.cluster_ids.tolist()
     written = json.loads((out / "results.json").read_text())
     assert len(written["table"]) == 9 and "| 4 | mcr2 |" in (out / "results.md").read_text()
-    assert "Difference from full-32" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "Difference from full-32" in report and "Each head minus PCA" in report
+    assert f"| {beir.name} test nDCG@10 |" in report
     assert written["intervals"]["reference"] == "full-32"
     model = SentenceTransformer(results["exported_models"][8], device="cpu")
     vectors = model.encode(test.sentences1[:5])

@@ -118,3 +118,25 @@ def test_the_distillation_term_keeps_the_encoders_neighbours():
         kls[weight] = _held_out_similarity_kl(trained.head, held_out)
         assert ("similarity_kl" in trained.history[1]) == (weight > 0)
     assert kls[5.0] < 0.7 * kls[0.0]
+
+
+def test_the_mcr2_terms_switch_off_leaving_distillation_alone():
+    """The "distillation only" arm: with the expansion, compression and pair weights at 0 the
+    loss is μ·KL and nothing else (the rates are still reported)."""
+    from distributed_emb.losses.mcr2 import MCR2Loss
+
+    generator = torch.Generator().manual_seed(0)
+    teacher = torch.randn(32, 24, generator=generator)
+    z = torch.randn(32, 6, generator=generator, requires_grad=True)
+    ids = torch.randint(0, 4, (32,), generator=generator)
+    views = (torch.randn(8, 6, generator=generator), torch.randn(8, 6, generator=generator))
+    off = MCR2LossConfig(expand_weight=0, compress_weight=0, pair_weight=0, distill_weight=2.0)
+    loss, metrics = MCR2Loss(off)(z, ids, views, teacher=teacher)
+    kl = similarity_distillation_loss(z, teacher, off.distill_temperature)
+    assert float(loss) == pytest.approx(2.0 * float(kl), rel=1e-6)
+    assert metrics["rate"] > 0 and "pair_cosine" not in metrics
+    # The default keeps −R: the expansion term is what the switch removes.
+    on, _ = MCR2Loss(MCR2LossConfig(compress_weight=0, pair_weight=0, distill_weight=2.0))(
+        z, ids, views, teacher=teacher
+    )
+    assert float(on) == pytest.approx(2.0 * float(kl) - metrics["rate"], rel=1e-5)
