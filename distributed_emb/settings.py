@@ -80,10 +80,35 @@ def build(cls: type[T], tree: dict) -> T:
     whose value its declaration refuses."""
     for key, value in flatten(tree).items():
         _require_plain(value, key)
+    tree = with_parent_defaults(tree, cls())
     try:
         return _adapter(cls).validate_json(json.dumps(tree))
     except ValidationError as error:
         raise ConfigError(_describe(cls, tree, error)) from None
+
+
+def with_parent_defaults(given: dict, defaults: Any) -> dict:
+    """`given` (a section's mapping) completed with the values of `defaults` (the section as
+    its parent builds it) wherever those differ from the section class's own defaults.
+
+    Why: pydantic builds a partly given section from its class's defaults, not from the
+    parent's `default_factory`. A job whose section differs from the class (MCR²'s loss with
+    distill_weight 10, InfoCSE's output.dir) then lost those values as soon as one key of the
+    section was overridden (`loss.pair_weight=0` also turned the distillation off).
+    """
+    plain = type(defaults)()
+    merged = dict(given)
+    for f in dataclasses.fields(defaults):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            sub = given.get(f.name, {})
+            if isinstance(sub, dict):  # a null or wrong value stays for pydantic to judge
+                filled = with_parent_defaults(sub, value)
+                if filled or f.name in given:
+                    merged[f.name] = filled
+        elif f.name not in given and value != getattr(plain, f.name):
+            merged[f.name] = value
+    return merged
 
 
 def _require_plain(value: Any, key: str) -> None:

@@ -131,3 +131,20 @@ def test_every_key_of_every_job_is_declared_with_its_help(module, name):
     for section_class in sections(cls):
         config = getattr(section_class, "__pydantic_config__", {})
         assert config.get("extra") == "forbid", f"{section_class.__name__} is not a @section"
+
+
+def test_a_partly_overridden_section_keeps_the_jobs_own_defaults():
+    """One key of a section given: the rest are the job's defaults (its default_factory), not
+    the section class's. MCR²'s loss section sets distill_weight 10 and InfoCSE's output.dir is
+    its own; both used to fall back to the class's value when another key was overridden."""
+    from distributed_emb.config import load_config
+    from distributed_emb.infocse.rounds_config import InfoCSEConfig
+    from distributed_emb.mcr2.compression_config import MCR2Config
+
+    mcr2 = load_config(MCR2Config, None, ["loss.pair_weight=0"])
+    assert (
+        mcr2.loss.pair_weight == 0 and mcr2.loss.distill_weight == MCR2Config().loss.distill_weight
+    )
+    assert MCR2Config().loss.distill_weight > 0  # the case is real
+    infocse = load_config(InfoCSEConfig, None, ["output.resume=overwrite"])
+    assert infocse.output.dir == InfoCSEConfig().output.dir == "outputs/infocse"
