@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = {}
     for spec in args.runs:
-        label, _, path = spec.partition("=")
+        label, _, path = spec.rpartition("=")  # a label may hold "="
         with open(path, encoding="utf-8") as handle:
             results[label] = json.load(handle)
     print(markdown(rows(results)))

@@ -8,10 +8,12 @@ Wikipedia articles and Lee news documents (clusters = documents), label-free sim
 InfoCSE's intra-document clustering, heads for 64 and 128 dims, the best epoch by STS-B dev,
 evaluated on the shipped STS-B and on the shipped news retrieval set (eval.retrieval_dir:
 nDCG@10 of its dev and test splits, each head against PCA and the encoder with paired
-intervals; never selected on). --senteval-data DIR [DIR ...] points the evaluation (and the
-selection, from the first: the mean of STS-B dev and SICK-R dev where it holds SICK) at
-SentEval data/downstream directories, which adds SICK-R, the transfer tasks and STS12–16
-where they hold them. Every setting and its default: --help; see docs/MCR2.md.
+intervals). --senteval-data DIR [DIR ...] points the evaluation (and the selection, from the
+first: the mean of STS-B dev and SICK-R dev where it holds SICK) at SentEval data/downstream
+directories, which adds SICK-R, the transfer tasks and STS12–16 where they hold them.
+eval.select_by=retrieval:<split> chooses each head's epoch by nDCG@10 on that split of
+eval.retrieval_dir instead (never test). Every setting and its default: --help; see
+docs/MCR2.md.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from distributed_emb.losses.loss_config import COMPRESSION_DISTILL_WEIGHT, MCR2L
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
+from distributed_emb.selection import STSB_DEV, check_select_by
 from distributed_emb.settings import Seed, section
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
@@ -113,7 +114,7 @@ class HeadTrainingConfig:
 @section
 class CompressionEvalConfig:
     # Its dev sets select the best epoch (STS-B dev, and SICK-R dev where it holds SICK: their
-    # mean).
+    # mean) unless select_by names a retrieval split.
     senteval_dir: Annotated[
         str | None,
         Field(
@@ -146,14 +147,16 @@ class CompressionEvalConfig:
     ] = 4.0
     # The shipped news set by default: in-domain for the Lee news sentences the heads train on.
     # Its 9,782 texts and 589 queries are embedded once by the frozen encoder for every method
-    # (each head or baseline is a matmul of the cached vectors). Reported, never selected on.
+    # (each head or baseline is a matmul of the cached vectors). Reported; selected on only
+    # when select_by names one of its splits.
     retrieval_dir: Annotated[
         str | None,
         Field(
             description="a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) or "
             "shipped:news, scored for every method and size: each split's nDCG@10 in the "
             "table, with its paired interval against the uncompressed encoder and each head's "
-            "against PCA (never used to select an epoch); null: none"
+            "against PCA (an epoch is selected on it only when eval.select_by names a split); "
+            "null: none"
         ),
     ] = "shipped:news"
     retrieval_splits: Annotated[
@@ -163,6 +166,17 @@ class CompressionEvalConfig:
             "every split there"
         ),
     ] = None
+    # The other training jobs' key and vocabulary (selection.py); stsb_dev is this job's own
+    # dev choice, the mean over its dev sets. Checked in validate_retrieval.
+    select_by: Annotated[
+        str,
+        Field(
+            description="what chooses each head's epoch: stsb_dev (the STS dev mean: STS-B "
+            "dev, and SICK-R dev where eval.senteval_dir holds SICK; named as in the other "
+            "training jobs), or retrieval:<split> (nDCG@10 on that split of "
+            "eval.retrieval_dir, e.g. retrieval:dev; never test)"
+        ),
+    ] = STSB_DEV
     # 5 folds (SimCSE's "fasttest") instead of SentEval's 10, because every method is
     # evaluated: the nested cross-validation is ~600 fits per task and method.
     transfer: TransferConfig = field(default_factory=lambda: TransferConfig(kfold=5))
@@ -283,17 +297,20 @@ class MCR2Config:
 
 
 def validate_retrieval(ev: CompressionEvalConfig) -> None:
-    """eval.retrieval_dir is a BEIR directory (or a shipped set) with qrels, and each of
-    eval.retrieval_splits is one of its splits."""
+    """eval.retrieval_dir is a BEIR directory (or a shipped set) with qrels, each of
+    eval.retrieval_splits is one of its splits, and eval.select_by names stsb_dev or one of
+    them (not test)."""
     splits = ev.retrieval_splits
     if ev.retrieval_dir is None:
         require(splits is None, "eval.retrieval_splits", "given without eval.retrieval_dir")
+        check_select_by(ev.select_by, None, None)
         return
     try:
         present = list_splits(ev.retrieval_dir)
     except BeirDataError as error:
         raise ConfigError(f"eval.retrieval_dir: {error}") from None
     require(bool(present), "eval.retrieval_dir", f"{ev.retrieval_dir}/qrels holds no <split>.tsv")
+    check_select_by(ev.select_by, ev.retrieval_dir, present)
     if splits is None:
         return
     require(bool(splits), "eval.retrieval_splits", "is empty; give a split or null (every split)")

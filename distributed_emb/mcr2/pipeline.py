@@ -3,10 +3,13 @@
 `run` reads top to bottom:
 
 1. `read_inputs`: the training sentences (with cluster ids), the similar pairs and the dev
-   sets that select (STS-B dev, and SICK-R dev where the SentEval data has it).
-2. `embed_inputs`: all of them through the frozen encoder in one Ray Data pass (cached on disk).
-3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by dev avg),
-   and PCA and a random projection fitted on the same training vectors.
+   sets that select (STS-B dev, and SICK-R dev where the SentEval data has it; or, with
+   ``eval.select_by=retrieval:<split>``, that split of ``eval.retrieval_dir``).
+2. `embed_inputs`: all of them through the frozen encoder in one Ray Data pass (cached on disk;
+   a retrieval split that selects in a pass of its own, so its cache key is its own).
+3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by
+   ``eval.select_by``: the dev avg, or the retrieval split's nDCG@10), and PCA and a random
+   projection fitted on the same training vectors.
 4. `evaluate_methods`: every method, and the uncompressed encoder, through the evaluation
    suite on the tasks present in the SentEval directory and on the splits of the BEIR
    directory ``eval.retrieval_dir`` (the shipped news set by default); each distinct sentence
@@ -40,6 +43,7 @@ import torch
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.evaluation import senteval_data as sd
+from distributed_emb.evaluation.beir import RetrievalSplit, read_split
 from distributed_emb.evaluation.results_tables import write_results
 from distributed_emb.evaluation.suite import (
     GROUPS as TASK_GROUPS,
@@ -72,9 +76,16 @@ from distributed_emb.mcr2.data import (
 from distributed_emb.mcr2.embeddings import CachedEncoder
 from distributed_emb.mcr2.export_with_head import export_compressed_model
 from distributed_emb.mcr2.matryoshka import train_matryoshka, truncate
-from distributed_emb.mcr2.train import HeadTrainingData, TrainedHead, dev_scores, train_head
+from distributed_emb.mcr2.train import (
+    HeadTrainingData,
+    RetrievalDevSet,
+    TrainedHead,
+    dev_scores,
+    train_head,
+)
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.plots import write_panels
+from distributed_emb.selection import SELECT_BY, STSB_DEV, describe, retrieval_split
 from distributed_emb.tracking import MetricsSinks
 
 log = logging.getLogger(__name__)
@@ -95,6 +106,8 @@ class RunInputs:
     dev: dict[str, sd.StsData]  # "stsb_dev", and "sickr_dev" where senteval_dir has SICK
     # Every evaluation directory: senteval_dir, then eval.extra_senteval_dirs.
     eval_dirs: list[str] = dataclasses.field(default_factory=list)
+    # eval.select_by=retrieval:<split>: that split of eval.retrieval_dir chooses the epochs.
+    retrieval_dev: RetrievalSplit | None = None
 
 
 @dataclass
@@ -140,6 +153,15 @@ def tasks_by_dir(
             found.update(new)
     _, absent = present_tasks(senteval_dirs[0], groups)
     return placed, [task for task in absent if task not in found]
+
+
+def selected_on(select_by: str, dev_names: list[str]) -> str:
+    """What chose the heads' epochs, in words: describe(select_by), or for stsb_dev with
+    SICK-R dev beside STS-B dev, their mean."""
+    if select_by == STSB_DEV and len(dev_names) > 1:
+        named = {"stsb_dev": "STS-B dev", "sickr_dev": "SICK-R dev"}
+        return f"the mean Spearman of {' and '.join(named.get(n, n) for n in dev_names)}"
+    return describe(select_by)
 
 
 def _load_average() -> list[float] | None:
@@ -211,11 +233,15 @@ def run(config: MCR2Config) -> dict:
         # each test set and retrieval split, with their 95% intervals.
         "intervals": paired_intervals(evaluation.rows, evaluation.suite_outputs),
         "training": {
+            # What chose each head's epoch: eval.select_by, and in words.
+            SELECT_BY: config.eval.select_by,
+            "selected_on": selected_on(config.eval.select_by, list(inputs.dev)),
             "sentences": inputs.sentences.summary,
             "pairs": pairs_summary,
             "heads": {
                 dim: {
                     "best_epoch": h.best_epoch,
+                    "best_select_score": h.best_score,
                     "best_stsb_dev": h.best_dev["stsb_dev"],
                     "best_dev": h.best_dev,
                     "seconds": h.seconds,
@@ -249,12 +275,14 @@ def read_inputs(config: MCR2Config) -> RunInputs:
     if pairs is not None:
         log.info("similar pairs: %s", pairs.summary)
     senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
+    split = retrieval_split(config.eval.select_by)
     return RunInputs(
         sentences,
         pairs,
         senteval_dir,
         read_dev_sets(senteval_dir),
         [senteval_dir, *config.eval.extra_senteval_dirs],
+        None if split is None else read_split(config.eval.retrieval_dir, split),
     )
 
 
@@ -289,6 +317,12 @@ def embed_inputs(
         pairs_summary = f"{limit} dropout-view pairs of training sentences"
     else:
         pair_vectors, pairs_summary = None, "no pair term"
+    retrieval = None
+    if inputs.retrieval_dev is not None:
+        split = inputs.retrieval_dev
+        # Once, for every head and epoch; the evaluation's search of it then hits memory.
+        vectors = encoder([*split.query_texts, *split.corpus_texts])  # (q + c, D)
+        retrieval = RetrievalDevSet(split, vectors)
     data = HeadTrainingData(
         x,
         sentences.cluster_ids if config.assignments.source == "column" else None,
@@ -297,6 +331,7 @@ def embed_inputs(
             name: (encoder(dev.sentences1), encoder(dev.sentences2), dev.scores)
             for name, dev in inputs.dev.items()
         },
+        retrieval,
     )
     return data, pairs_summary
 
@@ -304,7 +339,7 @@ def embed_inputs(
 def train_heads(
     config: MCR2Config, data: HeadTrainingData, sinks: MetricsSinks
 ) -> dict[int, TrainedHead]:
-    """One MCR² head per output size, each at its best dev-avg epoch; every epoch's
+    """One MCR² head per output size, each at its best epoch by eval.select_by; every epoch's
     metrics go to the sinks (kind ``head_<dim>``)."""
     heads: dict[int, TrainedHead] = {}
     for dim in config.output_dims:
@@ -315,10 +350,11 @@ def train_heads(
         for row in trained.history:
             sinks.log(row["epoch"], {k: v for k, v in row.items() if k != "epoch"}, f"head_{dim}")
         log.info(
-            "MCR² head %d: best dev avg %.2f (%s) at epoch %d (%.1f s)",
+            "MCR² head %d: best %.2f on %s (%s) at epoch %d (%.1f s)",
             dim,
-            trained.best_dev["dev_avg"],
-            ", ".join(f"{k} {v:.2f}" for k, v in trained.best_dev.items() if k != "dev_avg"),
+            trained.best_score,
+            selected_on(config.eval.select_by, list(data.dev)),
+            ", ".join(f"{k} {v:.2f}" for k, v in trained.best_dev.items()),
             trained.best_epoch,
             trained.seconds,
         )
@@ -476,6 +512,7 @@ def export_heads(
                 "stsb_dev": trained.best_dev["stsb_dev"],
                 "dev": trained.best_dev,
                 "best_epoch": trained.best_epoch,
+                SELECT_BY: config.eval.select_by,  # what chose best_epoch
                 "loss": dataclasses.asdict(config.loss),
             },
         )
@@ -498,6 +535,7 @@ def write_outputs(results: dict, heads: dict[int, TrainedHead], output_dir: Path
 
 
 def _markdown_report(results: dict, table: str) -> str:
+    training = results["training"]
     timings = ", ".join(f"{k} {v:.1f}" for k, v in results["wall_time_s"].items())
     lines = [
         "# MCR² compression run",
@@ -518,10 +556,16 @@ def _markdown_report(results: dict, table: str) -> str:
         f"- training sentences: {results['training']['sentences'].splitlines()[0]}",
         f"- pairs: {results['training']['pairs']}",
         f"- tasks evaluated: {', '.join(results['tasks_evaluated']) or 'none'}",
-        f"- retrieval (BEIR layout, nDCG@10 × 100, never selected on): "
+        f"- each head's epoch chosen by {training['selected_on']} "
+        f"(`eval.select_by={training[SELECT_BY]}`): "
+        + ", ".join(
+            f"{dim} dims epoch {head['best_epoch']} ({head['best_select_score']:.2f})"
+            for dim, head in training["heads"].items()
+        ),
+        f"- retrieval (BEIR layout, nDCG@10 × 100): "
         f"{results['config']['eval']['retrieval_dir'] or 'none'}",
-        f"- SentEval dirs: {', '.join(results['senteval_dirs'])} (STS-B dev, the selection "
-        f"set, from {results['senteval_dir']})",
+        f"- SentEval dirs: {', '.join(results['senteval_dirs'])} (STS-B dev from "
+        f"{results['senteval_dir']})",
         f"- wall time (s): {timings}",
         f"- load average (1/5/15 min) at start {results['load_average']['start']}, "
         f"end {results['load_average']['end']}",

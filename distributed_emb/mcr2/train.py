@@ -1,5 +1,7 @@
 """Train one MCR² compression head on cached encoder vectors; keep the best epoch on the dev
-sets (STS-B dev, and SICK-R dev where the SentEval data has it: their mean Spearman).
+sets (STS-B dev, and SICK-R dev where the SentEval data has it: their mean Spearman), or, with
+eval.select_by=retrieval:<split>, on nDCG@10 of that retrieval split (evaluation/beir.py's
+search and metrics over the head's projection of the split's cached vectors).
 
 Everything here is vectors in, vectors out: the frozen encoder ran once beforehand
 (``mcr2/embeddings.py``), so an epoch over a few thousand sentences takes well under a second
@@ -22,14 +24,40 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from distributed_emb.evaluation.beir import RetrievalSplit, retrieval_metrics, search
 from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.mcr2 import MCR2Loss, MCR2LossConfig
 from distributed_emb.mcr2.assignments import SoftAssignmentHead
 from distributed_emb.mcr2.baselines import fit_pca_model
 from distributed_emb.mcr2.compression_config import AssignmentConfig, HeadConfig, HeadTrainingConfig
 from distributed_emb.model.compression_head import CompressionHead
+from distributed_emb.selection import SELECT_METRIC, retrieval_metric
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetrievalDevSet:
+    """The retrieval split that chooses each head's epoch (eval.select_by=retrieval:<split>),
+    its texts embedded once by the frozen encoder: an epoch is then a matmul and a search."""
+
+    split: RetrievalSplit  # the corpus, the split's queries and their qrels
+    vectors: np.ndarray  # (q + c, D) frozen-encoder vectors of query_texts, then corpus_texts
+    # search() hands texts to its encode function: each text's row in `vectors` (a text that is
+    # both a query and a document has one vector, the frozen encoder being deterministic).
+    rows: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        texts = [*self.split.query_texts, *self.split.corpus_texts]
+        if self.vectors.shape[0] != len(texts):
+            raise ValueError(f"{self.vectors.shape[0]} vectors for {len(texts)} texts")
+        self.vectors = np.ascontiguousarray(self.vectors, dtype=np.float32)
+        self.rows = {text: row for row, text in enumerate(texts)}
+
+    @property
+    def metric(self) -> str:
+        """The history key of its score: retrieval_<split>_ndcg_at_10, as the table's."""
+        return retrieval_metric(self.split.name)
 
 
 @dataclass
@@ -37,9 +65,15 @@ class HeadTrainingData:
     sentences: np.ndarray  # (n, D) frozen-encoder vectors of the training sentences
     cluster_ids: np.ndarray | None  # (n,) int64, or None when Π is learned
     pairs: tuple[np.ndarray, np.ndarray] | None  # ((m, D), (m, D)) similar pairs, or None
-    # Selection sets by name ("stsb_dev", "sickr_dev"): (p, D), (p, D), (p,) gold scores each.
-    # The mean of their Spearmans ("dev_avg") picks the epoch.
+    # STS dev sets by name ("stsb_dev", "sickr_dev"): (p, D), (p, D), (p,) gold scores each.
+    # The mean of their Spearmans ("dev_avg") picks the epoch unless `retrieval` is given.
     dev: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    # eval.select_by=retrieval:<split>: that split's nDCG@10 picks the epoch instead.
+    retrieval: RetrievalDevSet | None = None
+
+    def select_key(self) -> str:
+        """The history key whose highest value chooses the epoch."""
+        return "dev_avg" if self.retrieval is None else self.retrieval.metric
 
 
 @dataclass
@@ -47,7 +81,10 @@ class TrainedHead:
     head: CompressionHead  # the best epoch's weights, in eval mode
     assignment_head: SoftAssignmentHead | None
     best_epoch: int  # 0 = the untrained head
-    best_dev: dict[str, float]  # that epoch's Spearman × 100 per dev set, and their "dev_avg"
+    # That epoch's Spearman × 100 per dev set and their "dev_avg", and its retrieval nDCG@10
+    # when a retrieval split chose.
+    best_dev: dict[str, float]
+    best_score: float = float("nan")  # that epoch's score that chose (select_score)
     history: list[dict] = field(default_factory=list)  # one row of metrics per epoch
     seconds: float = 0.0
 
@@ -80,6 +117,29 @@ def head_dev_scores(head: CompressionHead, dev: dict[str, tuple[np.ndarray, ...]
     return scores
 
 
+def head_retrieval_score(head: CompressionHead, retrieval: RetrievalDevSet) -> float:
+    """nDCG@10 × 100 of the head's vectors on the retrieval split: the frozen encoder's cached
+    vectors projected once, then the project's one search and one scorer (evaluation/beir.py),
+    the ones the table's retrieval columns come from."""
+    was_training = head.training
+    head.eval()
+    with torch.no_grad():
+        projected = head(torch.from_numpy(retrieval.vectors)).numpy()  # (q + c, d)
+    head.train(was_training)
+    run = search(lambda texts: projected[[retrieval.rows[t] for t in texts]], retrieval.split)
+    return retrieval_metrics(retrieval.split.qrels, run)["ndcg@10"]
+
+
+def epoch_scores(head: CompressionHead, data: HeadTrainingData) -> dict[str, float]:
+    """An epoch's selection scores: the dev sets' (`head_dev_scores`), the retrieval split's
+    nDCG@10 when it chooses, and SELECT_METRIC, a copy of the one that chooses."""
+    scores = head_dev_scores(head, data.dev)
+    if data.retrieval is not None:
+        scores[data.retrieval.metric] = head_retrieval_score(head, data.retrieval)
+    scores[SELECT_METRIC] = scores[data.select_key()]
+    return scores
+
+
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """A shuffled pass over n rows; a last batch shorter than half a batch joins the previous."""
     order = torch.randperm(n, generator=generator)
@@ -98,8 +158,9 @@ def train_head(
     optim: HeadTrainingConfig,
     log_every: int = 1,
 ) -> TrainedHead:
-    """Train a head to `output_dim`; return it at its best dev epoch (``dev_avg``). A log line every
-    `log_every` epochs and at the last (`history` holds every epoch)."""
+    """Train a head to `output_dim`; return it at its best epoch by `data.select_key()` (the dev
+    sets' ``dev_avg``, or the retrieval split's nDCG@10; on a tie the earlier epoch). A log line
+    every `log_every` epochs and at the last (`history` holds every epoch)."""
     start = time.perf_counter()
     torch.manual_seed(optim.seed)
     generator = torch.Generator().manual_seed(optim.seed)
@@ -131,12 +192,15 @@ def train_head(
         pair_order = torch.randperm(len(anchors), generator=generator)
         pair_cursor = 0
 
-    best = {"epoch": 0, "dev": head_dev_scores(head, data.dev)}
+    select_key = data.select_key()
+    chosen_keys = (*data.dev, "dev_avg", *([select_key] if data.retrieval else []))
+    start_scores = epoch_scores(head, data)
+    best = {"epoch": 0, "dev": {k: start_scores[k] for k in chosen_keys}}
     best_state = (
         copy.deepcopy(head.state_dict()),
         assigner and copy.deepcopy(assigner.state_dict()),
     )
-    history = [{"epoch": 0, **best["dev"]}]
+    history = [{"epoch": 0, **start_scores}]
     for epoch in range(1, optim.epochs + 1):
         head.train()
         sums: dict[str, float] = {}
@@ -160,10 +224,10 @@ def train_head(
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         row = {"epoch": epoch, **{k: v / len(batches) for k, v in sums.items()}}
-        row.update(head_dev_scores(head, data.dev))
+        row.update(epoch_scores(head, data))
         history.append(row)
-        if row["dev_avg"] > best["dev"]["dev_avg"]:
-            best = {"epoch": epoch, "dev": {k: row[k] for k in (*data.dev, "dev_avg")}}
+        if row[select_key] > best["dev"][select_key]:
+            best = {"epoch": epoch, "dev": {k: row[k] for k in chosen_keys}}
             best_state = (
                 copy.deepcopy(head.state_dict()),
                 assigner and copy.deepcopy(assigner.state_dict()),
@@ -171,12 +235,13 @@ def train_head(
         if epoch % log_every and epoch != optim.epochs:
             continue
         log.info(
-            "dim %d epoch %d: loss %.4e, ΔR %.3f, dev avg %.2f",
+            "dim %d epoch %d: loss %.4e, ΔR %.3f, dev avg %.2f%s",
             output_dim,
             epoch,
             row.get("loss", float("nan")),
             row.get("rate_reduction", float("nan")),
             row["dev_avg"],
+            f", {select_key} {row[select_key]:.2f}" if data.retrieval else "",
         )
     head.load_state_dict(best_state[0])
     head.eval()
@@ -184,5 +249,11 @@ def train_head(
         assigner.load_state_dict(best_state[1])
         assigner.eval()
     return TrainedHead(
-        head, assigner, best["epoch"], best["dev"], history, time.perf_counter() - start
+        head,
+        assigner,
+        best["epoch"],
+        best["dev"],
+        best["dev"][select_key],
+        history,
+        time.perf_counter() - start,
     )

@@ -98,6 +98,7 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
             f"eval.extra_senteval_dirs=[{small_data[2]}]",
             f"eval.retrieval_dir={beir}",
             "eval.retrieval_splits=[dev, test]",
+            "eval.select_by=retrieval:dev",  # the heads' epochs chosen on the BEIR dev split
         ],
     )
     config.validate()
@@ -110,9 +111,18 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     ]  # fmt: skip
     assert "pairs from IDC" in results["training"]["pairs"]  # the label-free default
     rows = {(row["dim"], row["method"]): row for row in results["table"]}
+    training = results["training"]
+    assert training["select_by"] == "retrieval:dev"
+    assert training["selected_on"] == "nDCG@10 on retrieval dev"
     for dim in (4, 8):
-        head = results["training"]["heads"][dim]
+        head = training["heads"][dim]
         assert rows[(dim, "mcr2")]["stsb_dev"] == pytest.approx(head["best_stsb_dev"])
+        # Each head's epoch is its best on the dev split's nDCG@10 (the earlier on a tie),
+        # the same number the table reports for the kept head.
+        ndcg = [row["retrieval_dev_ndcg_at_10"] for row in head["history"]]
+        assert head["best_epoch"] == int(np.argmax(ndcg))
+        assert head["best_select_score"] == max(ndcg)
+        assert rows[(dim, "mcr2")]["retrieval_dev_ndcg_at_10"] == pytest.approx(max(ndcg))
     # STS-B from the first dir, STS12 from the second; no SICK-R, no transfer data. The unseen
     # average leaves STS-B (the selection domain) out.
     full = rows[(32, "full")]
@@ -179,6 +189,8 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert len(written["table"]) == 9 and "| 4 | mcr2 |" in (out / "results.md").read_text()
     report = (out / "results.md").read_text()
     assert "Difference from full-32" in report and "Each head minus PCA" in report
+    assert "epoch chosen by nDCG@10 on retrieval dev (`eval.select_by=retrieval:dev`)" in report
+    assert written["training"]["select_by"] == "retrieval:dev"
     assert f"| {beir.name} test nDCG@10 |" in report
     assert written["intervals"]["reference"] == "full-32"
     model = SentenceTransformer(results["exported_models"][8], device="cpu")
@@ -224,6 +236,13 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
         (["--senteval-data", "/no/such/dir"], "eval.senteval_dir: /no/such/dir is not a direct"),
         # A key from before the one vocabulary still works, and its error names the new key.
         (["optim.lr=0"], "train.learning_rate: must be > 0"),
+        (["eval.select_by=ndcg"], "eval.select_by: 'ndcg' is neither 'stsb_dev' nor"),
+        (["eval.select_by=retrieval:test"], "eval.select_by: retrieval:test: test splits are"),
+        (["eval.select_by=retrieval:train"], "eval.select_by: shipped:news/qrels has no train"),
+        (
+            ["eval.retrieval_dir=null", "eval.select_by=retrieval:dev"],
+            "eval.select_by: retrieval:dev needs eval.retrieval_dir",
+        ),
     ],
 )
 def test_job_rejects_bad_settings_before_doing_anything(argv, message, capsys):

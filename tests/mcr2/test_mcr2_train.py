@@ -1,5 +1,6 @@
-"""Head training: the returned head is the best dev-average epoch, MCR² raises ΔR, a linear
-head starts at PCA, and the distillation term keeps the encoder's neighbours."""
+"""Head training: the returned head is the best dev-average epoch (or, with a retrieval split
+that selects, its best nDCG@10 epoch), MCR² raises ΔR, a linear head starts at PCA, and the
+distillation term keeps the encoder's neighbours."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from distributed_emb.evaluation.beir import RetrievalSplit, retrieval_metrics, search
 from distributed_emb.evaluation.sts import spearman_of_embeddings
 from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig
 from distributed_emb.mcr2.baselines import fit_baseline
 from distributed_emb.mcr2.compression_config import AssignmentConfig, HeadConfig, HeadTrainingConfig
-from distributed_emb.mcr2.train import HeadTrainingData, head_dev_scores, train_head
+from distributed_emb.mcr2.train import (
+    HeadTrainingData,
+    RetrievalDevSet,
+    head_dev_scores,
+    train_head,
+)
 
 
 def _toy_data(seed: int = 0) -> HeadTrainingData:
@@ -49,6 +56,8 @@ def test_returned_head_is_the_best_dev_epoch(source):
         assert row["dev_avg"] == pytest.approx((row["stsb_dev"] + row["sickr_dev"]) / 2)
     assert result.best_epoch == int(np.argmax(dev_by_epoch))
     assert result.best_dev["dev_avg"] == pytest.approx(max(dev_by_epoch))
+    assert result.best_score == result.best_dev["dev_avg"]  # what chose: eval.select_by=stsb_dev
+    assert all(row["select_score"] == row["dev_avg"] for row in result.history)
     # The weights handed back are that epoch's, not the last one's.
     again = head_dev_scores(result.head, data.dev)
     assert again == pytest.approx(result.best_dev)
@@ -57,6 +66,54 @@ def test_returned_head_is_the_best_dev_epoch(source):
         z1, z2 = (result.head(torch.from_numpy(e)).numpy() for e in (e1, e2))
     assert again["sickr_dev"] == pytest.approx(spearman_of_embeddings(z1, z2, gold))
     assert (result.assignment_head is not None) == (source == "learned")
+
+
+def _retrieval_dev(data: HeadTrainingData, noise: float = 2.0) -> RetrievalDevSet:
+    """A "dev" split over the first 60 training vectors as documents: query i is document i
+    plus Gaussian noise, relevant to it alone (20 queries)."""
+    rng = np.random.default_rng(0)
+    docs = data.sentences[:60]  # (60, D)
+    queries = docs[:20] + noise * rng.standard_normal((20, docs.shape[1])).astype(np.float32)
+    split = RetrievalSplit(
+        name="dev",
+        corpus_ids=[f"d{i}" for i in range(60)],
+        corpus_texts=[f"document {i}" for i in range(60)],
+        query_ids=[f"q{i}" for i in range(20)],
+        query_texts=[f"query {i}" for i in range(20)],
+        qrels={f"q{i}": {f"d{i}": 1} for i in range(20)},
+    )
+    return RetrievalDevSet(split, np.concatenate([queries, docs]))
+
+
+def test_a_retrieval_split_chooses_the_epoch_when_select_by_names_one():
+    """eval.select_by=retrieval:dev: the kept epoch is the best by the split's nDCG@10, here
+    not the one the STS dev mean would keep, and its weights score that nDCG@10 again."""
+    data = _toy_data()
+    data.retrieval = _retrieval_dev(data)
+    result = train_head(
+        8,
+        data,
+        HeadConfig(hidden_dims=[32]),
+        MCR2LossConfig(eps=0.5, pair_weight=0.5),
+        AssignmentConfig(),
+        HeadTrainingConfig(epochs=6, batch_size=128, pair_batch_size=32, learning_rate=3e-3),
+    )
+    ndcg = [row["retrieval_dev_ndcg_at_10"] for row in result.history]
+    dev_avg = [row["dev_avg"] for row in result.history]
+    assert all(row["select_score"] == row["retrieval_dev_ndcg_at_10"] for row in result.history)
+    assert result.best_epoch == int(np.argmax(ndcg))
+    assert result.best_epoch != int(np.argmax(dev_avg))  # the default would keep another
+    assert result.best_score == max(ndcg) == result.best_dev["retrieval_dev_ndcg_at_10"]
+    assert result.best_dev["dev_avg"] == dev_avg[result.best_epoch]
+    split, vectors = data.retrieval.split, data.retrieval.vectors
+    rows = {text: i for i, text in enumerate(split.query_texts + split.corpus_texts)}
+
+    def encode(texts: list[str]) -> np.ndarray:
+        with torch.no_grad():
+            return result.head(torch.from_numpy(vectors[[rows[t] for t in texts]])).numpy()
+
+    again = retrieval_metrics(split.qrels, search(encode, split))["ndcg@10"]
+    assert again == pytest.approx(result.best_score)
 
 
 def test_training_increases_the_rate_reduction():
