@@ -46,6 +46,7 @@ def encodes_with_ray(config: MCR2Config) -> bool:
 
 
 def run(config: MCR2Config) -> int:
+    from distributed_emb.mcr2.comparison_report import weaker_than_given_lines
     from distributed_emb.mcr2.pipeline import run as run_pipeline  # startup: torch
 
     results = run_pipeline(config)
@@ -58,6 +59,8 @@ def run(config: MCR2Config) -> int:
         f"train {timing['train_heads_s']:.0f} s, evaluate {timing['evaluate_s']:.0f} s); "
         f"load average {results['load_average']['start']} → {results['load_average']['end']}"
     )
+    for line in weaker_than_given_lines(results["intervals"]):  # reported, never chosen on
+        print(line)
     print(f"results: {Path(config.output.dir) / 'results.json'} and results.md")
     for dim, path in results["exported_models"].items():
         print(f"model {dim}: {path}")

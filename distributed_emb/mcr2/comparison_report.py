@@ -252,3 +252,26 @@ def comparison_panels(rows: list[dict], head_histories: dict[int, list[dict]]) -
 
 def _is_value(value) -> bool:
     return isinstance(value, (int, float)) and not math.isnan(value)
+
+
+def weaker_than_given_lines(intervals: dict) -> list[str]:
+    """One line per exported head (HEAD_METHODS) that is measurably below the uncompressed
+    model on a test set, naming each such set with its difference and interval: a compressed
+    export is a smaller vector, and the job says when it is also a weaker one."""
+    if intervals.get("reference") is None or not intervals["reference"].startswith("full-"):
+        return []
+    lines = []
+    for row in intervals.get("rows", []):
+        if row["method"] not in HEAD_METHODS:
+            continue
+        below = [
+            f"{key} {PairedDifference.from_dict(value).format()}"
+            for key, value in row["intervals"].items()
+            if value["high"] < 0
+        ]
+        if below:
+            lines.append(
+                f"{row['dim']}-d {row['method']} head: below the given model beyond the "
+                f"interval on {', '.join(below)} (a smaller vector; docs/MCR2.md)"
+            )
+    return lines

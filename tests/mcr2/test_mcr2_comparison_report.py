@@ -133,3 +133,41 @@ def test_the_default_run_scores_the_shipped_news_set_and_distillation_alone_is_a
     off = ["loss.expand_weight=0", "loss.compress_weight=0", "loss.pair_weight=0"]
     distill_only = load_config(MCR2Config, None, [*off, "loss.distill_weight=10"]).loss
     assert (distill_only.expand_weight, distill_only.distill_weight) == (0, 10)
+
+
+def test_a_head_measurably_below_the_given_model_is_named_in_one_line():
+    from distributed_emb.mcr2.comparison_report import weaker_than_given_lines
+
+    def interval(low, high):
+        return {
+            "baseline": 90.0,
+            "candidate": 89.0,
+            "difference": (low + high) / 2,
+            "low": low,
+            "high": high,
+            "n": 100,
+            "n_resamples": 2000,
+            "seed": 0,
+            "confidence": 0.95,
+        }
+
+    intervals = {
+        "reference": "full-384",
+        "rows": [
+            {
+                "dim": 64,
+                "method": "mcr2",
+                "intervals": {
+                    "stsb_test": interval(-3.0, -1.0),
+                    "retrieval_test_ndcg_at_10": interval(-1.0, 0.5),
+                },
+            },
+            {"dim": 128, "method": "mcr2", "intervals": {"stsb_test": interval(-0.5, 0.4)}},
+            {"dim": 64, "method": "pca", "intervals": {"stsb_test": interval(-4.0, -2.0)}},
+        ],
+    }
+    lines = weaker_than_given_lines(intervals)
+    assert len(lines) == 1  # the 128-d head's interval holds 0; PCA is not an exported head
+    assert lines[0].startswith("64-d mcr2 head: below the given model") and "stsb_test" in lines[0]
+    assert "retrieval_test" not in lines[0]
+    assert weaker_than_given_lines({**intervals, "reference": "pca-64"}) == []
