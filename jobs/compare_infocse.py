@@ -36,6 +36,7 @@ def check(config: compare.ComparisonConfig) -> None:
     local ones parsed)."""
     require_reachable(config.output.storage_path, "output.storage_path")
     train_job.check_model_lengths(config)
+    train_job.check_retrieval_data(config)
     train_job.check_compression_head(config)
     check_small_documents(config.documents)
 

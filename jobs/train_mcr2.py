@@ -22,17 +22,22 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.data.beir_layout import list_splits, read_splits
 from distributed_emb.data.sources import resolve_sources
 from distributed_emb.mcr2.compression_config import MCR2Config
 
 
 def check(config: MCR2Config) -> None:
     """Before anything is encoded: the sentence and pair sources are listed (a missing file or
-    bucket, an unreachable hub name fails here)."""
+    bucket, an unreachable hub name fails here), and the retrieval splits scored are read (a
+    malformed line is named by file and line, not after minutes of encoding)."""
     if config.sentences.paths:
         resolve_sources(config.sentences.paths, config.sentences.hf_split)
     if config.pairs.source == "file" and config.pairs.path:
         resolve_sources([config.pairs.path])
+    directory = config.eval.retrieval_dir
+    if directory is not None and "://" not in directory:
+        read_splits(directory, config.eval.retrieval_splits or list_splits(directory))
 
 
 def encodes_with_ray(config: MCR2Config) -> bool:

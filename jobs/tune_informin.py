@@ -21,7 +21,7 @@ import yaml
 from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.config import ConfigError, to_dict
 from distributed_emb.data.corpus import check_small_corpus
-from distributed_emb.train.job import check_model_lengths, check_storage
+from distributed_emb.train.job import check_model_lengths, check_retrieval_data, check_storage
 from distributed_emb.tune.search_config import SearchJobConfig
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "tune_default.yaml"
@@ -55,6 +55,7 @@ def check(config: SearchJobConfig) -> None:
 
     check_storage(config)
     check_model_lengths(config)
+    check_retrieval_data(config)
     check_small_corpus(config, fills_a_step=False)  # listed; a small local one read
     paths = search_paths(config)
     if not config.tune.resume and can_resume(paths):

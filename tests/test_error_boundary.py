@@ -117,6 +117,20 @@ def test_an_input_file_that_is_not_what_its_name_says(job, tmp_path, capsys):
     assert f"{fake}: not a readable parquet file" in line
 
 
+@pytest.mark.parametrize("job", [*DIRECTORY_JOBS, "evaluate"])
+def test_a_malformed_line_of_the_users_retrieval_set(job, tmp_path, capsys):
+    """Every job that scores eval.retrieval_dir reads it before Ray starts: a bad line is
+    named by file and line there, not in every Train worker (or encoding pass) minutes in."""
+    from harness.tiny_run import tiny_beir_dir
+
+    beir = tiny_beir_dir(tmp_path / "beir")
+    with (beir / "corpus.jsonl").open("a") as corpus:
+        corpus.write('{"_id": "d99", "text": \n')  # line 41: not JSON
+    argv = ["--retrieval", str(beir)] if job == "evaluate" else [f"eval.retrieval_dir={beir}"]
+    line = refused(job, [*argv, "--output", str(tmp_path / "out")], capsys)
+    assert f"{beir / 'corpus.jsonl'}:41" in line
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_an_input_file_read_on_the_cluster_is_reported_the_same_way(s3, tmp_path, capsys):

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from distributed_emb.checks import require
 from distributed_emb.config import TrainingConfig
+from distributed_emb.data.beir_layout import list_splits, read_splits
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.model.model_card import position_limit
 from distributed_emb.paths import default_model_path
 from distributed_emb.resource_plan import cluster_from_ray, training_plan
-from distributed_emb.selection import STSB_DEV, describe, is_given_model
+from distributed_emb.selection import STSB_DEV, describe, is_given_model, scored_splits
 from distributed_emb.storage import require_reachable
 from distributed_emb.train.run_identity import prepare_run
 
@@ -29,6 +30,7 @@ def check(config: TrainingConfig) -> None:
     check_storage(config)
     check_model_lengths(config)
     check_compression_head(config)
+    check_retrieval_data(config)
     prepare_run(config, dry_run=True)
     check_small_corpus(config)
 
@@ -36,6 +38,16 @@ def check(config: TrainingConfig) -> None:
 def check_storage(config: TrainingConfig) -> None:
     require_reachable(config.output.storage_path, "output.storage_path")
     require_reachable(config.data.token_cache_dir, "data.token_cache_dir")
+
+
+def check_retrieval_data(config: TrainingConfig) -> None:
+    """The eval.retrieval_dir splits every evaluation will score, read and checked here: a
+    malformed line (BeirDataError, naming file:line) fails before Ray starts, not in every
+    Train worker minutes in. Object storage is read where it is used."""
+    directory = config.eval.retrieval_dir
+    if directory is None or "://" in directory:
+        return
+    read_splits(directory, scored_splits(list_splits(directory), config.eval.select_by))
 
 
 def check_model_lengths(config: TrainingConfig) -> None:
