@@ -2,7 +2,8 @@
 one row per model, each difference against the baseline (the given model) with its paired
 95% interval.
 
-    python -m bench.quality_table "InforMin-CL=out/eval_informin.json" "InfoCSE=out/eval_infocse.json" ...
+    python -m bench.quality_table "InforMin-CL=out/eval_informin.json" \
+        "InfoCSE=out/eval_infocse.json" ...
 
 Each results file is one `jobs/evaluate.py CANDIDATE --baseline GIVEN --retrieval DIR
 --tasks sts` run; the baseline's own scores come from the first file. Columns: STS-B test and

@@ -233,10 +233,16 @@ def evaluate_split(encode: Encoder, directory: str, split: str, top_k: int = 100
 def evaluate_splits(
     encode: Encoder, directory: str, splits: list[str], top_k: int = 100
 ) -> dict[str, dict]:
-    """:func:`evaluate_split` of each of `splits` with one pass over the corpus: the splits'
+    """:func:`evaluate_split` of each of `splits` with one pass over the corpus
+    (:func:`score_splits`)."""
+    return score_splits(encode, read_splits(directory, splits), top_k)
+
+
+def score_splits(encode: Encoder, data: list[RetrievalSplit], top_k: int = 100) -> dict[str, dict]:
+    """Search and score splits already read (:func:`read_splits`: one corpus): the splits'
     queries are searched together (a query's hits do not depend on the other queries), so
     the corpus, the costly part, is embedded once however many splits there are."""
-    data = read_splits(directory, splits)
+    splits = [d.name for d in data]
     query_ids = list(dict.fromkeys(q for d in data for q in d.query_ids))
     text = {q: t for d in data for q, t in zip(d.query_ids, d.query_texts)}
     together = RetrievalSplit(

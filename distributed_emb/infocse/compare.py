@@ -19,9 +19,10 @@ comma list):
 
 Every arm starts from the same student, trains `train.max_steps` steps of the same
 global batch, and keeps its best *trained* checkpoint by eval.select_by (STS-B dev unless
-set; the start is never a candidate). Each is scored on the held-out documents (same-document retrieval), STS-B dev
-and STS-B test. Writes `compare.json` and `compare.md` to the output directory; the start
-(student) and, with `infocse_teacher`, the teacher (as that arm scored it) are rows too.
+set; the start is never a candidate). Each is scored on the held-out documents
+(same-document retrieval), STS-B dev and STS-B test. Writes `compare.json` and `compare.md`
+to the output directory; the start (student) and, with `infocse_teacher`, the teacher (as
+that arm scored it) are rows too.
 Each arm's difference from the start on STS-B test and on the held-out test documents comes
 with its paired-bootstrap 95% interval (``vs_start`` in the JSON, a second table in the
 Markdown; evaluation/comparison.py): the test pairs and held-out queries resampled, both
@@ -41,7 +42,6 @@ from typing import Annotated
 
 from pydantic import Field
 
-from distributed_emb import storage
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import ConfigError, OutputConfig, require_range
 from distributed_emb.data.documents import read_documents
@@ -56,12 +56,11 @@ from distributed_emb.infocse.rounds import (
     _split_held_out,
     _teacher,
     evaluate_dev,
+    round_embedder,
     round_state,
     run_rounds,
 )
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
-from distributed_emb.model.embedder import Embedder
-from distributed_emb.model.sentence_transformer import is_sentence_transformer_dir
 from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
 from distributed_emb.train.trainer import run_training
@@ -159,16 +158,9 @@ def scored_test_items(model_dir: str, config, heldout: HeldOut | None) -> dict:
     """STS-B test and same-document retrieval on the held-out test documents, per item (each
     pair's cosine, each query's rank), shaped as the evaluation suite's output so that
     evaluation/comparison.py compares two of them. Embedded as rounds.evaluate_dev embeds
-    (in this process, the training's pooler, batch and length)."""
+    (rounds.round_embedder)."""
     training = config.training
-    local = storage.local_model_dir(model_dir)
-    embedder = Embedder(
-        local,
-        pooler=None if is_sentence_transformer_dir(local) else training.model.pooler,
-        batch_size=training.eval.batch_size,
-        max_seq_length=training.model.max_seq_length,
-        device="cpu",
-    )
+    embedder = round_embedder(model_dir, config)
     test = read_stsb("test", training.eval.senteval_dir)
     cosines = sts_cosines(embedder.embed, test)  # (n,)
     items: dict = {

@@ -142,20 +142,27 @@ class HeldOut:
     test: SameDocumentTask | None
 
 
+def round_embedder(model_dir: str, config: InfoCSEConfig) -> Embedder:
+    """A round's model (or the start, or a compared arm) as the rounds score it: in this
+    process, with the training's pooler (unless the directory carries its own), evaluation
+    batch and training length."""
+    training = config.training
+    local = storage.local_model_dir(model_dir)
+    return Embedder(
+        local,
+        pooler=None if is_sentence_transformer_dir(local) else training.model.pooler,
+        batch_size=training.eval.batch_size,
+        max_seq_length=training.model.max_seq_length,
+        device="cpu",
+    )
+
+
 def evaluate_dev(model_dir: str, config: InfoCSEConfig, heldout: HeldOut | None = None) -> dict:
     """STS-B dev Spearman and STS-B-dev retrieval of an exported model (in-process), plus
     same-document retrieval on both halves of the held-out documents, nDCG@10 on the
     eval.select_by split of eval.retrieval_dir, and STS-B test when asked."""
     training = config.training
-    model_dir = storage.local_model_dir(model_dir)
-    pooler = None if is_sentence_transformer_dir(model_dir) else training.model.pooler
-    embedder = Embedder(
-        model_dir,
-        pooler=pooler,
-        batch_size=training.eval.batch_size,
-        max_seq_length=training.model.max_seq_length,
-        device="cpu",
-    )
+    embedder = round_embedder(model_dir, config)
     dev = read_stsb("dev", training.eval.senteval_dir, training.eval.max_pairs)
     # The retrieval set is made of STS-B dev sentences: each is embedded once, for both.
     dev_embeddings = EmbeddingLookup.encode_all(dev.sentences1 + dev.sentences2, embedder.embed)

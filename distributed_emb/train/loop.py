@@ -30,9 +30,7 @@ from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
 from distributed_emb.data.global_batches import RankStream, batch_plan
-from distributed_emb.evaluation.beir import RetrievalSplit, list_splits, read_split
-from distributed_emb.evaluation.beir import retrieval_metrics as beir_metrics
-from distributed_emb.evaluation.beir import search as beir_search
+from distributed_emb.evaluation.beir import RetrievalSplit, list_splits, read_splits, score_splits
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.compression_head import load_head
 from distributed_emb.model.embedder import embed_module
@@ -385,8 +383,7 @@ def retrieval_splits(config: TrainingConfig) -> list[RetrievalSplit]:
     directory = config.eval.retrieval_dir
     if directory is None:
         return []
-    splits = scored_splits(list_splits(directory), config.eval.select_by)
-    return [read_split(directory, split) for split in splits]
+    return read_splits(directory, scored_splits(list_splits(directory), config.eval.select_by))
 
 
 def _dev_scores(
@@ -413,9 +410,9 @@ def _dev_scores(
 
     e = config.eval
     scores = {DEV_METRIC: stsb_score(encode, "dev", e.senteval_dir, e.max_pairs)}
-    for split in retrieval:
-        run = beir_search(encode, split)
-        scores[retrieval_metric(split.name)] = beir_metrics(split.qrels, run)["ndcg@10"]
+    if retrieval:  # one pass over the corpus for every split (beir.score_splits)
+        for split, result in score_splits(encode, retrieval).items():
+            scores[retrieval_metric(split)] = result["metrics"]["ndcg@10"]
     return scores
 
 
