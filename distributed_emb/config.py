@@ -719,7 +719,7 @@ class EvalConfig:
     score_start: Annotated[
         bool, Field(description="score the starting model (step 0) before training")
     ] = True
-    # train/selection.py: what chooses is one reported score (select_score), whichever it is.
+    # selection.py: what chooses is one reported score (select_score), whichever it is.
     retrieval_dir: Annotated[
         str | None,
         Field(

@@ -5,7 +5,7 @@ Sequential rounds leave one side idle: the annotation actors wait while the Trai
 train, and the workers wait while the actors annotate. Here the Train controller sends every
 checkpoint it registers to the driver (:class:`CheckpointFeed`, a Ray Train callback, through a
 Ray queue); a driver thread (:class:`NextRoundAnnotator`) takes the best trained checkpoint so
-far by the training's selection score (eval.select_by: train/selection.py), exports it and
+far by the training's selection score (eval.select_by: selection.py), exports it and
 annotates the documents with it while training goes on, one annotation at a time (a newer best
 that arrives meanwhile is mined next; the ones in between are skipped). Each annotation is a
 *version* (:class:`PairVersions`): its own directory, readable only once its COMMIT file is

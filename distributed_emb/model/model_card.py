@@ -254,7 +254,7 @@ def _non_default(config: TrainingConfig) -> dict:
 
 
 def _best_step(history: list[dict], start_is_candidate: bool) -> int | None:
-    """The step the run exported: eval.select_by's best (train/selection.py)."""
+    """The step the run exported: eval.select_by's best (selection.py)."""
     chosen = best_row(history, start_is_candidate)
     return chosen["step"] if chosen is not None else None
 

@@ -218,7 +218,7 @@ class ProgressLog:
     def print_eval(self, step: int, score: float, metrics: dict | None = None) -> None:
         """The evaluation line; `metrics` (the loop's report) also goes to the sinks."""
         if self.enabled:
-            # eval.retrieval_dir's splits beside it (train/selection.py names their keys).
+            # eval.retrieval_dir's splits beside it (selection.py names their keys).
             retrieval = "".join(
                 f", {key.removesuffix('_ndcg_at_10').replace('_', ' ')} nDCG@10 {value:.2f}"
                 for key, value in (metrics or {}).items()

@@ -88,7 +88,7 @@ def build_trainer(
             storage_path=storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=config.output.checkpoints_to_keep,
-                # eval.select_by's score (train/selection.py): the kept checkpoints are the
+                # eval.select_by's score (selection.py): the kept checkpoints are the
                 # best by what the run chooses on.
                 checkpoint_score_attribute=SELECT_METRIC,
                 checkpoint_score_order="max",
@@ -258,7 +258,7 @@ def _fit_watched(trainer, config: TrainingConfig):
 
 
 def _best_checkpoint(result, start_is_candidate: bool):
-    """The kept checkpoint best by eval.select_by (train/selection.py's rule, the one
+    """The kept checkpoint best by eval.select_by (selection.py's rule, the one
     metrics.json's best_step follows); without the step-0 one unless it may win. Falls back
     to the latest checkpoint."""
     kept = list(result.best_checkpoints or [])

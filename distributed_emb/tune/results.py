@@ -2,7 +2,7 @@
 per trial, the table sorted by the selection score, the best trial's config as a training YAML
 and its best checkpoint exported as a model.
 
-The selection score is what eval.select_by names (train/selection.py: STS-B dev Spearman, or
+The selection score is what eval.select_by names (selection.py: STS-B dev Spearman, or
 nDCG@10 on a split of eval.retrieval_dir), reported by every evaluation as `select_score`. A
 trial's score is the best one among the checkpoints Ray Train kept for it (the best
 `output.checkpoints_to_keep` by that score), not its last evaluation: ASHA stops trials at
