@@ -1,5 +1,5 @@
 """eval.select_by: checked against eval.retrieval_dir before Ray starts, and the one rule that
-picks the exported evaluation from a history (train/selection.py)."""
+picks the exported evaluation from a history (distributed_emb/selection.py)."""
 
 import pytest
 from harness.tiny_run import tiny_beir_dir
