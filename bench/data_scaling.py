@@ -1,335 +1,282 @@
-"""The one data stream at scale: what W ranks cost the data path, and what a resume costs.
+"""The data path at scale: what W ranks reading their own rows cost, what a resume deep in a
+shard costs, and how well the epoch's order shuffles.
 
     python -m bench.data_scaling --json [--quick] [--workdir /tmp/distributed_emb_data_scaling]
 
-Ranks (one corpus of generated Parquet shards, every row distinct and clean: 1M sentences in 8
-shards, `--quick` 50k): for W = 1, 2, 4, one epoch through the product's path (text_source →
-Ray Data read + clean tasks → one GlobalBatchFeeder actor → W RankStreams), the ranks played by
-this process, one thread each, as W Train workers would consume their slices. Reported:
-- rows_read_per_row: rows the cleaning tasks saw (DropCounter.rows_read, re-reads included) per
-  row delivered to the ranks. 1.0: each row read once per epoch whatever W (the corpus is a
-  whole number of global batches, so every row is delivered);
-- delivered_per_s: rows delivered to all ranks together per second, for the whole epoch (the
-  pipeline's start-up included; the feeder actor's own start, once per run, is not).
-W values run interleaved (after one untimed warm-up), `--rounds` times (3, `--quick` 1); the
-medians are reported.
+The corpus is indexed shards as the token cache writes them (data/indexed_shards.py: Arrow IPC
+files of `_row_id`, `text__ids` lists of 8–40 token ids, `_length`), generated once under
+`--workdir`; this measures reading them, not the prepare pass that writes them.
 
-Resume (21M sentences in 100k-row shards, `--quick` 25k in 1k-row shards: after the
-position, as at the start, many files remain, so the resumed and the fresh stream read with
-the same parallelism and the ratio measures what resuming costs): the checkpoint of a
-run 1M and 20M rows into an epoch (`--quick`: 1k and 20k). The position is the real one: the
-single-process reference (global_batches over local_epoch_tables, exactly what the feeder runs)
-is run over the shard that ends at that row, from its start (a global batch boundary: the
-global batch divides the shard size and every row is clean), and its last position is what the
-run's checkpoint would hold. Reported:
-- state_bytes: that position as trainer_state.json stores it (`json.dumps(position.as_dict())`);
-- delivered_vs_fresh: rows/s over the first `--resume-rows` rows (200k, `--quick` 5k) of a
-  fresh feeder whose stream starts at that position, pipeline start-up included, against the
-  same from the start of the epoch (DataPosition(epoch=0)); one rank; median of `--rounds`
-  interleaved pairs. The resumed stream's first global batch is checked against the reference.
+Ranks (1M rows in 8 shards, `--quick` 16k): for W = 1, 2, 4, one epoch through the product's
+worker side (data/rank_batches.py RankBatches: the order, this rank's slice of each global
+batch of 1,024, a read from the memory-mapped shards, the reading thread), each rank a
+separate process started before the clock, all released together. Reported:
+- rows_read_per_row: rows the ranks' readers materialised per row delivered (1.0: each row
+  read once, by the rank that trains it, whatever W);
+- delivered_per_s: rows delivered to all ranks together per second, over the epoch;
+- per_rank_per_s: delivered_per_s / W (reported, not targeted: on a 2-core machine the ranks
+  share the same cores).
+W values run interleaved, `--rounds` times (3, `--quick` 1); medians.
 
-Prints a markdown table; `--json` prints exactly one JSON line instead, shaped
-{"ranks": {"1": {"rows_read_per_row", "delivered_per_s"}, "2": ..., "4": ...},
- "resume": {"<rows>": {"state_bytes", "delivered_vs_fresh"}, ...}}.
+coordinator_row_bytes: bytes of row data through any process other than the rank that trains
+the row, per row delivered: the bench's parent process and every rank's reader are counted
+(each reader's rows_taken must equal its rows delivered); 0 means no process carried another's
+rows. For contrast, `feeder_row_bytes` is what the feeder path (data/global_batches.py, for a
+text corpus streamed without a prepare pass) moves through its one actor per row: the mean row
+size of these shards.
+
+Resume (one shard of 10M rows, `--quick` 200k; the position half-way into it): the
+checkpoint's state (the position and the stream identity, as trainer_state.json stores them)
+and delivered_vs_fresh: rows/s over the first `--resume-rows` rows (200k, `--quick` 20k) from
+that position against the same from the epoch's start, one rank, medians of `--rounds`
+interleaved pairs. The resumed rows are checked against the order's reference.
+
+Shuffle: bench/shuffle_quality.py's statistics for this product's order, MosaicML Streaming's
+py1e and a uniform permutation, on the same shard sizes.
+
+Prints a markdown table; `--json` prints exactly one JSON line:
+{"ranks": {"1": {"rows_read_per_row", "delivered_per_s", "per_rank_per_s"}, "2": ..., "4": ...},
+ "coordinator_row_bytes": ..., "feeder_row_bytes": ...,
+ "resume": {"<rows>": {"state_bytes", "delivered_vs_fresh", "shard_rows", "offset_in_shard"}},
+ "shuffle": {"ours": {...}, "py1e": {...}, "iid": {...}}}
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import multiprocessing
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
-from bench.corpus_scale import write_shards
+import numpy as np
+
 from distributed_emb.tables import markdown_table
 
 WORLDS = (1, 2, 4)
-FULL = {
-    "rows": 1_000_000,
-    "shards": 8,
-    "resume_at": [1_000_000, 20_000_000],
-    "resume_shard_rows": 100_000,
-    "resume_corpus_rows": 21_000_000,
-    "resume_rows": 200_000,
-}
-QUICK = {
-    "rows": 16_000,
-    "shards": 8,
-    "resume_at": [1_000, 20_000],
-    "resume_shard_rows": 1_000,
-    "resume_corpus_rows": 25_000,
-    "resume_rows": 5_000,
-}
+GLOBAL_BATCH = 1024
+FULL = {"rows": 1_000_000, "shards": 8, "resume_shard_rows": 10_000_000, "resume_rows": 200_000}
+QUICK = {"rows": 16_000, "shards": 8, "resume_shard_rows": 200_000, "resume_rows": 20_000}
+WRITE_ROWS = 500_000  # rows generated and written at a time
 
 
-def _start_ray(cpus: int) -> None:
-    import ray
+def write_corpus(directory: Path, rows: int, shards: int) -> None:
+    """`shards` IPC shards of `rows` rows in all (once: kept under the workdir)."""
+    import pyarrow as pa
 
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-
-
-def _source(path: Path, counter, block_rows: int):
-    from distributed_emb.config import DataConfig
-    from distributed_emb.data.stream import text_source
-
-    return text_source(DataConfig(path=str(path), block_rows=block_rows), counter)
-
-
-def deliver(source, plan, world: int, start, max_rows: int | None = None) -> dict:
-    """One fresh feeder, `world` ranks consuming in threads from `start` until the epoch ends
-    (or `max_rows` rows, all ranks together). Timed from the first request (the actor is
-    started and ready before): {"rows", "seconds", "checksum", "first_ids"}."""
-    import numpy as np
-    import ray
-
-    from distributed_emb.data.global_batches import IN_FLIGHT, GlobalBatchFeeder, RankStream
+    from distributed_emb.data.indexed_shards import LENGTH, write_shard
     from distributed_emb.data.readers import ROW_ID
 
-    feeder = (
-        ray.remote(GlobalBatchFeeder)
-        .options(num_cpus=0, max_concurrency=IN_FLIGHT * world + 4)
-        .remote(source, plan, world)
-    )
-    ray.get(feeder.__ray_ready__.remote())
-    per_rank = None if max_rows is None else -(-max_rows // world)
-    rows = [0] * world
-    sums = [0] * world
-    first: list = [None] * world
-    errors: list[BaseException] = []
+    if (directory / "DONE").exists():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, rows, shards + 1).astype(np.int64)
+    generator = np.random.default_rng(0)
+    for shard in range(shards):
+        parts = []
+        for start in range(bounds[shard], bounds[shard + 1], WRITE_ROWS):
+            stop = min(start + WRITE_ROWS, bounds[shard + 1])
+            lengths = generator.integers(8, 41, stop - start).astype(np.int32)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            values = generator.integers(100, 30_000, offsets[-1]).astype(np.int32)
+            ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+            parts.append(
+                pa.table(
+                    {
+                        ROW_ID: np.arange(start, stop, dtype=np.int64),
+                        "text__ids": ids,
+                        LENGTH: lengths,
+                    }  # fmt: skip
+                )
+            )
+        write_shard(pa.concat_tables(parts), str(directory / f"shard-{shard:05d}.arrow"))
+    (directory / "DONE").write_text("")
 
-    def consume(rank: int) -> None:
-        try:
-            for table, _ in RankStream(feeder, rank).epoch(start):
-                ids = table.column(ROW_ID).to_numpy()
-                if first[rank] is None:
-                    first[rank] = ids
-                # A checksum of the rows delivered (the sum wraps at 2**64).
-                sums[rank] = (sums[rank] + int(ids.astype(np.uint64).sum())) % 2**64
-                rows[rank] += table.num_rows
-                if per_rank is not None and rows[rank] >= per_rank:
-                    return
-        except BaseException as error:  # re-raised in the caller
-            errors.append(error)
 
-    threads = [threading.Thread(target=consume, args=(r,), daemon=True) for r in range(world)]
+def _rank(directory: str, plan, rank: int, world: int, start: dict, max_rows, ready, go, out):
+    """One rank's process: set up, wait for the start, read its slices, report."""
+    from distributed_emb.data.epoch_order import DataPosition
+    from distributed_emb.data.indexed_shards import ShardIndex
+    from distributed_emb.data.rank_batches import IndexedSource, RankBatches
+    from distributed_emb.data.readers import ROW_ID
+
+    ranks = RankBatches(IndexedSource(ShardIndex.scan(directory)), plan, rank, world)
+    ranks.source.order(plan.seed, 0).rows(0, 1)  # the span order: set-up, not reading
+    ready.set()
+    go.wait()
     started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
-    ray.kill(feeder)  # stops its stream (and the Ray Data pipeline inside it) if cut short
-    if errors:
-        raise errors[0]
-    if len(set(rows)) != 1:
-        raise RuntimeError(f"ranks got different numbers of rows: {rows}")
+    rows, checksum, first = 0, 0, None
+    for table, _ in ranks.epoch(DataPosition.from_dict(start)):
+        ids = table.column(ROW_ID).to_numpy()
+        first = ids[:16].tolist() if first is None else first
+        checksum = (checksum + int(ids.astype(np.uint64).sum())) % 2**64
+        rows += table.num_rows
+        if max_rows is not None and rows >= max_rows:
+            break
+    out.put({"rank": rank, "rows": rows, "taken": ranks.reader.rows_taken,
+             "seconds": time.perf_counter() - started, "checksum": checksum,
+             "first": first})  # fmt: skip
+
+
+def deliver(directory: Path, plan, world: int, start: dict | None = None, max_rows=None) -> dict:
+    """W rank processes reading from `start` to the end of the epoch (or `max_rows` rows
+    each): {"rows", "taken", "seconds", "checksum", "first"}; the clock runs from the common
+    release to the last rank's end."""
+    context = multiprocessing.get_context("spawn")
+    ready = [context.Event() for _ in range(world)]
+    go, out = context.Event(), context.Queue()
+    processes = [
+        context.Process(
+            target=_rank,
+            args=(str(directory), plan, r, world, start or {}, max_rows, ready[r], go, out),
+        )
+        for r in range(world)
+    ]
+    for process in processes:
+        process.start()
+    for event in ready:
+        event.wait()
+    go.set()
+    results = sorted((out.get() for _ in range(world)), key=lambda r: r["rank"])
+    for process in processes:
+        process.join()
+    if any(p.exitcode for p in processes):
+        raise RuntimeError(f"a rank failed: {[p.exitcode for p in processes]}")
     return {
-        "rows": sum(rows),
-        "seconds": seconds,
-        "checksum": sum(sums) % 2**64,
-        "first_ids": None if first[0] is None else np.concatenate(first).tolist(),
+        "rows": sum(r["rows"] for r in results),
+        "taken": sum(r["taken"] for r in results),
+        "seconds": max(r["seconds"] for r in results),
+        "checksum": sum(r["checksum"] for r in results) % 2**64,
+        "first": results[0]["first"],
+        "per_rank": results,
     }
 
 
-def rank_scaling(path: Path, corpus_rows: int, global_batch: int, block_rows: int,
-                 rounds: int) -> dict:  # fmt: skip
-    """{W: {"rows_read_per_row", "delivered_per_s"}}: medians over `rounds` interleaved runs of
-    a whole epoch (see the module docstring)."""
-    import ray
-
-    from distributed_emb.data.corpus import start_drop_counter
-    from distributed_emb.data.epoch_order import DataPosition
+def rank_scaling(directory: Path, corpus_rows: int, rounds: int) -> dict:
     from distributed_emb.data.global_batches import BatchPlan
 
-    plan = BatchPlan(global_batch=global_batch, seed=0)
-    # Untimed: the first pipeline of a fresh Ray starts its worker processes.
-    warm_up = _source(path, start_drop_counter(), block_rows)
-    deliver(warm_up, plan, 1, DataPosition(), 8 * global_batch)
+    plan = BatchPlan(global_batch=GLOBAL_BATCH, seed=0)
+    expected = corpus_rows // GLOBAL_BATCH * GLOBAL_BATCH
     runs: dict[int, list[dict]] = {w: [] for w in WORLDS}
     checksums = set()
     for round_ in range(rounds):
         # The order rotates each round: drift in the machine's speed hits every W alike.
         for world in WORLDS[round_ % len(WORLDS) :] + WORLDS[: round_ % len(WORLDS)]:
-            counter = start_drop_counter()
-            result = deliver(_source(path, counter, block_rows), plan, world, DataPosition())
-            read = ray.get(counter.rows_read.remote())
-            ray.kill(counter)
-            if result["rows"] != corpus_rows:
-                raise RuntimeError(f"W={world}: {result['rows']} rows delivered, not {corpus_rows}")
+            result = deliver(directory, plan, world)
+            if result["rows"] != expected:
+                raise RuntimeError(f"W={world}: {result['rows']} rows delivered, not {expected}")
             checksums.add(result["checksum"])
-            runs[world].append(
-                {"read_per_row": read / result["rows"], "per_s": result["rows"] / result["seconds"]}
-            )
+            runs[world].append(result)
     if len(checksums) != 1:
         raise RuntimeError("the ranks' rows differ between worker counts")
-    return {
-        str(world): {
+    out = {}
+    # Rows a rank's reader materialised beyond those it trained: another rank's rows in its
+    # process (the parent process reads none).
+    over_read = sum(max(0, r["taken"] - r["rows"]) for w in WORLDS for run in runs[w]
+                    for r in run["per_rank"])  # fmt: skip
+    delivered = sum(run["rows"] for w in WORLDS for run in runs[w])
+    out["_over_read_per_row"] = over_read / delivered
+    for world in WORLDS:
+        per_s = statistics.median(r["rows"] / r["seconds"] for r in runs[world])
+        out[str(world)] = {
             "rows_read_per_row": round(
-                statistics.median(r["read_per_row"] for r in runs[world]), 6
+                statistics.median(r["taken"] / r["rows"] for r in runs[world]), 6
             ),
-            "delivered_per_s": round(statistics.median(r["per_s"] for r in runs[world])),
+            "delivered_per_s": round(per_s),
+            "per_rank_per_s": round(per_s / world),
         }
-        for world in WORLDS
+    return out
+
+
+def mean_row_bytes(directory: Path) -> float:
+    """Bytes of row data per row in the shards (what a feeder would carry per row)."""
+    import pyarrow as pa
+
+    files = sorted(directory.glob("*.arrow"))
+    table = pa.ipc.open_file(pa.memory_map(str(files[0]))).read_all()
+    return table.nbytes / table.num_rows
+
+
+def resume_cost(directory: Path, shard_rows: int, measured_rows: int, rounds: int) -> dict:
+    from distributed_emb.data.epoch_order import DataPosition
+    from distributed_emb.data.global_batches import BatchPlan
+    from distributed_emb.data.indexed_shards import ShardIndex
+    from distributed_emb.data.rank_batches import IndexedSource
+    from distributed_emb.data.stream import TrainingStream
+
+    plan = BatchPlan(global_batch=GLOBAL_BATCH, seed=0)
+    source = IndexedSource(ShardIndex.scan(str(directory)))
+    offset = shard_rows // 2 // GLOBAL_BATCH * GLOBAL_BATCH  # a global batch boundary
+    position = DataPosition(0, rows=offset)
+    # What a checkpoint keeps for the data: the position and the stream it indexes.
+    stream = TrainingStream(source, None, True).identity(plan)
+    state = {"position": position.as_dict(), "stream": stream}
+    # The resumed stream starts where the order says: its first rows are the reference's.
+    expected = source.order(0, 0).rows(offset, offset + 16).tolist()
+    ratios = []
+    for round_ in range(rounds):
+        pair = {}
+        for name in ("fresh", "resumed") if round_ % 2 == 0 else ("resumed", "fresh"):
+            start = position.as_dict() if name == "resumed" else None
+            pair[name] = deliver(directory, plan, 1, start, measured_rows)
+        if pair["resumed"]["first"] != expected:
+            raise RuntimeError("the resumed stream is not the order's reference")
+        rate = {k: v["rows"] / v["seconds"] for k, v in pair.items()}
+        ratios.append(rate["resumed"] / rate["fresh"])
+    return {
+        str(offset): {
+            "state_bytes": len(json.dumps(state).encode()),
+            "delivered_vs_fresh": round(statistics.median(ratios), 3),
+            "shard_rows": shard_rows,
+            "offset_in_shard": offset,
+        }
     }
 
 
-def checkpoint_position(source, plan, rows: int, shard_rows: int):
-    """The position a run's checkpoint holds after the global batch that ends `rows` rows into
-    epoch 0 (a whole number of shards): the reference over the shard that ends there, from its
-    start."""
-    from distributed_emb.data.epoch_order import DataPosition, EpochOrder, block_key
-    from distributed_emb.data.global_batches import global_batches
-    from distributed_emb.data.stream import local_epoch_tables
-
-    shards, rest = divmod(rows, shard_rows)
-    if rest or shard_rows % plan.global_batch or shards < 1:
-        raise ValueError(f"{rows} rows is not a whole number of {shard_rows}-row shards, or "
-                         f"{plan.global_batch} does not divide the shard")  # fmt: skip
-    start = DataPosition(0, block_key(shards - 1, 0), 0, (shards - 1) * shard_rows)
-    unit_key = block_key(shards, 0)
-    position = start
-    for _, position in global_batches(
-        local_epoch_tables(source, EpochOrder(plan.seed, 0), start), plan, start
-    ):
-        if position.block >= unit_key or position.rows >= rows:
-            break  # the next shard: not needed
-    if position.rows != rows:
-        raise RuntimeError(f"the shard ended at {position.rows} rows, not {rows}")
-    return position
-
-
-def reference_first_ids(source, plan, start) -> list[int]:
-    from distributed_emb.data.epoch_order import EpochOrder
-    from distributed_emb.data.global_batches import global_batches
-    from distributed_emb.data.readers import ROW_ID
-    from distributed_emb.data.stream import local_epoch_tables
-
-    tables = local_epoch_tables(source, EpochOrder(plan.seed, start.epoch), start)
-    batch, _ = next(global_batches(tables, plan, start))
-    return batch.column(ROW_ID).to_pylist()
-
-
-def resume_cost(path: Path, positions: list[int], shard_rows: int, global_batch: int,
-                block_rows: int, measured_rows: int, rounds: int) -> dict:  # fmt: skip
-    """{rows into the epoch: {"state_bytes", "delivered_vs_fresh", ...}} (module docstring)."""
-    from distributed_emb.data.corpus import start_drop_counter
-    from distributed_emb.data.epoch_order import DataPosition
-    from distributed_emb.data.global_batches import BatchPlan
-
-    plan = BatchPlan(global_batch=global_batch, seed=0)
-    local = _source(path, None, block_rows)  # the reference reads in this process
-    source = _source(path, start_drop_counter(), block_rows)
-    fresh = DataPosition(epoch=0)
-    result = {}
-    for rows in positions:
-        started = time.perf_counter()
-        position = checkpoint_position(local, plan, rows, shard_rows)
-        position_s = time.perf_counter() - started
-        expected_first = reference_first_ids(local, plan, position)
-        ratios, fresh_rates, resumed_rates = [], [], []
-        for round_ in range(rounds):
-            pair = {}
-            for name in ("fresh", "resumed") if round_ % 2 == 0 else ("resumed", "fresh"):
-                start = position if name == "resumed" else fresh
-                pair[name] = deliver(source, plan, 1, start, measured_rows)
-            if pair["resumed"]["first_ids"] != expected_first:
-                raise RuntimeError(f"the stream resumed at {position} is not the reference's")
-            fresh_rate = pair["fresh"]["rows"] / pair["fresh"]["seconds"]
-            resumed_rate = pair["resumed"]["rows"] / pair["resumed"]["seconds"]
-            fresh_rates.append(fresh_rate)
-            resumed_rates.append(resumed_rate)
-            ratios.append(resumed_rate / fresh_rate)
-        result[str(rows)] = {
-            "state_bytes": len(json.dumps(position.as_dict()).encode()),
-            "delivered_vs_fresh": round(statistics.median(ratios), 3),
-            # For the table only (not in --json): what the ratio is made of.
-            "_position": position.as_dict(),
-            "_position_s": position_s,
-            "_fresh_per_s": statistics.median(fresh_rates),
-            "_resumed_per_s": statistics.median(resumed_rates),
-        }
-    return result
-
-
 def main(argv=None) -> int:
-    import ray
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON line")
-    parser.add_argument("--quick", action="store_true", help="small corpora (seconds, for tests)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="small corpora (a smoke test)")
+    parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--workdir", default="/tmp/distributed_emb_data_scaling")
-    parser.add_argument("--rounds", type=int, default=None, help="default: 3 (--quick: 1)")
-    parser.add_argument("--global-batch", type=int, default=500, help="divides every shard; W | it")
-    parser.add_argument("--block-rows", type=int, default=10_000, help="data.block_rows")
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    if args.rounds is None:
-        args.rounds = 1 if args.quick else 3
-    workdir = Path(args.workdir)
+    rounds = args.rounds or (1 if args.quick else 3)
+    workdir = Path(args.workdir) / ("quick" if args.quick else "full")
 
-    # --json: stdout is the JSON line alone (anything else printed goes to stderr).
-    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-        rank_corpus = write_shards(workdir, sizes["rows"], sizes["rows"] // sizes["shards"])
-        resume_corpus = write_shards(
-            workdir, sizes["resume_corpus_rows"], sizes["resume_shard_rows"]
-        )
-        _start_ray(args.cpus)
-        started = time.perf_counter()
-        ranks = rank_scaling(
-            rank_corpus, sizes["rows"], args.global_batch, args.block_rows, args.rounds
-        )
-        ranks_s = time.perf_counter() - started
-        started = time.perf_counter()
-        resume = resume_cost(
-            resume_corpus, sizes["resume_at"], sizes["resume_shard_rows"], args.global_batch,
-            args.block_rows, sizes["resume_rows"], args.rounds,
-        )  # fmt: skip
-        resume_s = time.perf_counter() - started
-        ray.shutdown()  # Ray's own late messages (a killed feeder's tasks) come before ours
+    from bench.shuffle_quality import measure as shuffle_statistics
 
+    ranks_dir = workdir / f"ranks_{sizes['rows']}_{sizes['shards']}"
+    resume_dir = workdir / f"resume_{sizes['resume_shard_rows']}"
+    write_corpus(ranks_dir, sizes["rows"], sizes["shards"])
+    write_corpus(resume_dir, sizes["resume_shard_rows"], 1)
+    ranks = rank_scaling(ranks_dir, sizes["rows"], rounds)
+    row_bytes = mean_row_bytes(ranks_dir)
+    result = {
+        "ranks": ranks,
+        "coordinator_row_bytes": round(ranks.pop("_over_read_per_row") * row_bytes, 3),
+        "feeder_row_bytes": round(row_bytes, 1),
+        "resume": resume_cost(resume_dir, sizes["resume_shard_rows"], sizes["resume_rows"], rounds),
+        "shuffle": shuffle_statistics(),
+    }
     if args.json:
-        public = {
-            k: {n: v for n, v in r.items() if not n.startswith("_")} for k, r in resume.items()
-        }
-        print(json.dumps({"ranks": ranks, "resume": public}))
+        print(json.dumps(result))
         return 0
-    one = ranks["1"]["delivered_per_s"]
-    print(f"Ranks: {sizes['rows']:,} rows in {sizes['shards']} shards, global batch "
-          f"{args.global_batch}, median of {args.rounds} ({ranks_s:.0f} s)\n")  # fmt: skip
-    rows = [
-        [
-            w,
-            f"{r['rows_read_per_row']:.4f}",
-            f"{r['delivered_per_s']:,}",
-            f"{r['delivered_per_s'] / one:.2f}×",
-        ]
-        for w, r in ranks.items()
-    ]
-    columns = ["ranks (W)", "rows read per row delivered", "delivered rows/s (all ranks)", "× W=1"]
-    print(markdown_table(columns, rows, right_aligned="rrrr"))
-    print(f"\nResume: {sizes['resume_corpus_rows']:,} rows in {sizes['resume_shard_rows']:,}-row "
-          f"shards, first {sizes['resume_rows']:,} rows after the start, 1 rank, median of "
-          f"{args.rounds} ({resume_s:.0f} s)\n")  # fmt: skip
-    rows = [
-        [
-            f"{int(n):,}",
-            str(r["state_bytes"]),
-            f"{r['_fresh_per_s']:,.0f}",
-            f"{r['_resumed_per_s']:,.0f}",
-            f"{r['delivered_vs_fresh']:.2f}×",
-            json.dumps(r["_position"]),
-        ]
-        for n, r in resume.items()
-    ]
-    columns = ["rows into the epoch", "state bytes", "fresh rows/s", "resumed rows/s",
-               "resumed × fresh", "position"]  # fmt: skip
-    print(markdown_table(columns, rows, right_aligned="rrrrr-"))
+    print(markdown_table(
+        ["W", "rows read per row", "delivered rows/s", "per rank rows/s"],
+        [[w, r["rows_read_per_row"], r["delivered_per_s"], r["per_rank_per_s"]]
+         for w, r in result["ranks"].items()],
+    ))  # fmt: skip
+    print()
+    print(markdown_table(
+        ["resume at", "shard rows", "state bytes", "delivered vs fresh"],
+        [[k, r["shard_rows"], r["state_bytes"], r["delivered_vs_fresh"]]
+         for k, r in result["resume"].items()],
+    ))  # fmt: skip
+    print()
+    print(json.dumps(result["shuffle"]))
     return 0
 
 

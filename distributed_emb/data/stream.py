@@ -17,6 +17,8 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,15 +44,16 @@ from distributed_emb.data.epoch_order import (
     ordered_block,
     read_plan,
 )
+from distributed_emb.data.global_batches import BatchPlan
 from distributed_emb.data.readers import (
     DROP,
     WHERE,
     RowRules,
-    StoredRows,
     corpus_datasource,
     read_unit_blocks,
 )
 from distributed_emb.data.sources import CorpusFiles, resolve_sources
+from distributed_emb.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,18 @@ class FileSource:
     stages: list[dict] = field(default_factory=list)  # map_batches arguments after cleaning
     deduplicate: bool = False
     dedup_partitions: int = 16
+
+    @property
+    def fingerprint(self) -> str:
+        """What decides the stream's rows and their block bounds: the files (paths, sizes),
+        the reading rules and the block size."""
+        parts = [
+            [[f.path, f.size] for f in self.files.files],
+            repr(self.rules),
+            self.block_rows,
+            self.deduplicate,
+        ]
+        return "files:" + _digest(parts)
 
     @property
     def cleans(self) -> bool:
@@ -145,6 +160,10 @@ class BlockSource:
         refs = [ref for bundle in dataset.iter_internal_ref_bundles() for ref in bundle.block_refs]
         return cls(refs)
 
+    @property
+    def fingerprint(self) -> str:
+        return f"blocks:{len(self.blocks)}"
+
     def epoch_tables(self, order: EpochOrder, start: DataPosition) -> Iterator[pa.Table]:
         import ray  # startup
         from ray.data.block import BlockAccessor
@@ -165,10 +184,48 @@ class TrainingStream:
     report: object = None  # a DropReport known up front (a token cache), else None
     counter: object = None  # the DropCounter actor to collect the report from
 
+    def identity(self, plan: BatchPlan) -> dict:
+        """What a position of this stream indexes (kept beside it in every checkpoint): a
+        position applied to a stream with another identity would train other rows."""
+        return {
+            "rows": self.source.fingerprint,
+            "seed": plan.seed,
+            "global_batch": plan.global_batch,
+            "length_group": plan.length_group,
+            "max_rows": plan.max_rows,
+        }
+
     def corpus_report(self):
         if self.report is not None:
             return self.report
         return collect_report(self.counter) if self.counter is not None else None
+
+
+class StreamChangedError(UserInputError):
+    """A checkpoint's data position belongs to another stream than the one the run builds."""
+
+
+def check_same_stream(stored: dict | None, current: dict, where: str) -> None:
+    """Refuse to apply a position taken on stream `stored` to stream `current`, naming what
+    changed (a checkpoint from before positions carried their stream: nothing to compare)."""
+    if not stored:
+        return
+    changed = [
+        f"{key} {stored.get(key)!r} → {current.get(key)!r}"
+        for key in sorted(set(stored) | set(current))
+        if stored.get(key) != current.get(key)
+    ]
+    if changed:
+        raise StreamChangedError(
+            f"{where}: its data position indexes another stream than this run's "
+            f"({'; '.join(changed)}); a resume would train other rows than the checkpoint "
+            f"says. Restore the data settings (data.*, the token cache) or start a new run "
+            f"(--overwrite or another output.run_name)"
+        )
+
+
+def _digest(parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def text_source(data_config, counter, stages: list[dict] | None = None) -> FileSource:
@@ -196,23 +253,18 @@ def training_dataset(data_config, counter):
     return dataset
 
 
-def stored_source(directory: str, block_rows: int) -> FileSource:
-    """Parquet shards written by the product (the token cache): rows as stored, no cleaning."""
-    return FileSource(resolve_sources(directory), StoredRows(), block_rows)
-
-
 def training_stream(config, search: bool = False) -> TrainingStream:
-    """The run's stream: the token cache when it is on (built now if needed), else the text
-    corpus, cleaned on the cluster and tokenised there when `data.tokenize_in` says so."""
+    """The run's stream: the token cache's indexed shards when the cache is on (built now if
+    needed; every rank reads its own rows), else the text corpus, cleaned on the cluster and
+    tokenised there when `data.tokenize_in` says so, through the run's feeder."""
+    from distributed_emb.data.rank_batches import IndexedSource
     from distributed_emb.data.token_cache import token_shards  # it builds with Ray Data
     from distributed_emb.data.tokenize import tokenize_stage
 
     shards = token_shards(config, search=search)
     if shards is not None:
         rows = shards.rows if config.train.max_steps is None else None
-        if config.data.max_rows is not None and rows is not None:
-            rows = min(rows, config.data.max_rows)
-        source = stored_source(shards.directory, config.data.block_rows)
+        source = IndexedSource(shards.index)
         return TrainingStream(source, rows, pretokenised=True, report=shards.report)
     counter = start_drop_counter()
     stage = tokenize_stage(config)

@@ -4,16 +4,23 @@ Tokenising is the one per-row cost of the data path that grows with the corpus, 
 a run of several epochs, a resumed run, or a Tune search of many trials would otherwise
 tokenise the same sentences again each time. With the cache on, the driver runs one Ray Data
 pass over the clean corpus (read → clean → tokenise, data/tokenize.py, on every CPU the
-cluster has before the Train workers start) and writes the token ids as Parquet shards; the
+cluster has before the Train workers start) and writes the token ids as indexed shards; the
 run then reads the shards instead of the text, and every later run with the same key does too.
+The pass costs one read and tokenisation of the corpus (docs/BENCHMARKS.md); a run that
+would count its corpus anyway (no `train.max_steps`) pays about what counting cost.
 
 Layout, under `data.token_cache_dir` (default: `<run storage path>/token_cache`), local or any
 pyarrow filesystem URI (s3://, gs://):
 
     <root>/<key id>/key.json          what the key was made of (for people; not read back)
-    <root>/<key id>/data-<uuid>/      the Parquet shards of one build
-    <root>/<key id>/COMMIT.json       written last: which data-<uuid> is whole, its row count
-                                      and the corpus drop counts of the pass that made it
+    <root>/<key id>/data-<uuid>/      the Arrow IPC shards of one build (data/indexed_shards.py)
+    <root>/<key id>/COMMIT.json       written last: which data-<uuid> is whole, its index
+                                      (each shard's name and rows), its row count and the
+                                      corpus drop counts of the pass that made it
+
+Each rank reads its own rows from the shards by row number (data/rank_batches.py); a row's
+`_length` (its token count; pairs: the longer side) is stored beside its ids so length grouping
+reads 4 bytes a row, not the ids.
 
 The key id is a hash of everything that decides the ids: the corpus files (paths, sizes,
 modification times), the cleaning rules (columns, kind, max_chars, de-duplication, max_rows,
@@ -38,9 +45,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.dataset as pads
+import pyarrow as pa
 import pyarrow.fs as pafs
-import ray
 from transformers import AutoTokenizer
 
 from distributed_emb.atomic_files import write_text_atomic
@@ -49,6 +55,14 @@ from distributed_emb.data.corpus import (
     corpus_columns,
     corpus_path,
     start_drop_counter,
+)
+from distributed_emb.data.global_batches import length_of_rows
+from distributed_emb.data.indexed_shards import (
+    LENGTH,
+    IpcShardSink,
+    ShardIndex,
+    filesystem_of,
+    join,
 )
 from distributed_emb.data.readers import DropReport
 from distributed_emb.data.sources import resolve_sources
@@ -59,7 +73,7 @@ from distributed_emb.errors import UserInputError
 log = logging.getLogger(__name__)
 
 # Bump when the shards' content for the same key changes (cleaning or tokenising code).
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: Arrow IPC shards with an index and a _length column
 COMMIT_FILE = "COMMIT.json"
 KEY_FILE = "key.json"
 DATA_PREFIX = "data-"
@@ -72,17 +86,19 @@ class TokenCacheError(UserInputError):
 
 @dataclass
 class TokenShards:
-    """One committed build of the cache: where its shards are and what the build counted."""
+    """One committed build of the cache: its shards' index and what the build counted."""
 
-    directory: str  # the data-<uuid> directory (a local path or a URI)
-    rows: int
+    index: ShardIndex  # the data-<uuid> directory (a local path or a URI) and its shards
     report: DropReport
     built: bool  # True: this process tokenised the corpus; False: reused
 
-    def dataset(self):
-        """The shards as a lazy Ray Dataset {<column>__ids, <column>__truncated, _row_id, ...}."""
-        filesystem, path = _filesystem(self.directory)
-        return ray.data.read_parquet(path, filesystem=filesystem)
+    @property
+    def directory(self) -> str:
+        return self.index.directory
+
+    @property
+    def rows(self) -> int:
+        return self.index.rows
 
 
 # Settings the cached ids depend on (cache_key), all of data.* included: a search that varies
@@ -180,18 +196,8 @@ def key_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in location:
-        return pafs.FileSystem.from_uri(location)
-    return pafs.LocalFileSystem(), location
-
-
-def _join(location: str, name: str) -> str:
-    return f"{location.rstrip('/')}/{name}"
-
-
 def _read_text(location: str) -> str | None:
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.File:
         return None
     with filesystem.open_input_stream(path) as handle:
@@ -203,62 +209,76 @@ def _write_text(location: str, text: str) -> None:
     if "://" not in location:
         write_text_atomic(location, text)
         return
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     with filesystem.open_output_stream(path) as handle:
         handle.write(text.encode())
 
 
 def committed_shards(directory: str) -> TokenShards | None:
     """The committed build in one key's directory, or None when there is none yet."""
-    commit_path = _join(directory, COMMIT_FILE)
+    commit_path = join(directory, COMMIT_FILE)
     text = _read_text(commit_path)
     if text is None:
         return None
     try:
         commit = json.loads(text)
         data = commit["data"]
-        rows = int(commit["rows"])
+        shards = commit["shards"]
         report = DropReport.from_dict(commit["corpus"])
+        if not data.startswith(DATA_PREFIX) or "/" in data:
+            raise ValueError(f"'data' must name a {DATA_PREFIX}* directory, got {data!r}")
+        index = ShardIndex.from_list(join(directory, data), shards)
     except (ValueError, KeyError, TypeError) as error:
         raise TokenCacheError(
             f"{commit_path}: not a token-cache commit ({error}); delete {directory} to rebuild"
         ) from error
-    if not data.startswith(DATA_PREFIX) or "/" in data:
-        raise TokenCacheError(f"{commit_path}: 'data' must name a {DATA_PREFIX}* directory")
-    return TokenShards(_join(directory, data), rows, report, built=False)
+    return TokenShards(index, report, built=False)
 
 
-def _count_rows(directory: str) -> int:
-    filesystem, path = _filesystem(directory)
-    return pads.dataset(path, filesystem=filesystem, format="parquet").count_rows()
+def _with_length(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
+    """The rows with their `_length` for length grouping (data/rank_batches.py)."""
+    return table.append_column(LENGTH, pa.array(length_of_rows(table, columns), pa.int32()))
 
 
 def build_shards(config, directory: str, key: dict) -> TokenShards:
-    """One Ray Data pass: read → clean → tokenise → Parquet under a fresh name, then commit."""
+    """One Ray Data pass: read → clean → tokenise → indexed shards under a fresh name, then
+    commit (the index is read from the shards' footers)."""
     stage = tokenize_arguments(config)
     name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
-    target = _join(directory, name)
-    filesystem, path = _filesystem(target)
+    target = join(directory, name)
+    filesystem, path = filesystem_of(target)
     filesystem.create_dir(path, recursive=True)
-    _write_text(_join(directory, KEY_FILE), json.dumps(key, indent=1))
+    _write_text(join(directory, KEY_FILE), json.dumps(key, indent=1))
     started = time.perf_counter()
     counter = start_drop_counter()
     dataset = training_dataset(config.data, counter)
     dataset = dataset.map_batches(stage.pop("fn"), **stage)
+    dataset = dataset.map_batches(
+        _with_length,
+        fn_kwargs={"columns": tuple(corpus_columns(config.data))},
+        batch_size=None,
+        batch_format="pyarrow",
+    )
     try:
-        dataset.write_parquet(path, filesystem=filesystem, min_rows_per_file=ROWS_PER_FILE)
+        dataset.write_datasink(IpcShardSink(path, filesystem, ROWS_PER_FILE))
+        index = ShardIndex.scan(target)
     except BaseException:
         filesystem.delete_dir(path)  # never committed: no run would read it anyway
         raise
     report = collect_report(counter)
-    rows = _count_rows(target)
-    commit = {"data": name, "rows": rows, "corpus": report.as_dict(), "key_id": key_id(key)}
-    _write_text(_join(directory, COMMIT_FILE), json.dumps(commit, indent=1))
+    commit = {
+        "data": name,
+        "rows": index.rows,
+        "shards": index.as_list(),
+        "corpus": report.as_dict(),
+        "key_id": key_id(key),
+    }
+    _write_text(join(directory, COMMIT_FILE), json.dumps(commit, indent=1))
     log.info(
-        "token cache: tokenised %d rows in %.1f s into %s", rows, time.perf_counter() - started,
-        target,
+        "token cache: tokenised %d rows in %.1f s into %d shards under %s", index.rows,
+        time.perf_counter() - started, len(index.shards), target,
     )  # fmt: skip
-    return TokenShards(target, rows, report, built=True)
+    return TokenShards(index, report, built=True)
 
 
 def token_shards(config, search: bool = False) -> TokenShards | None:
@@ -267,7 +287,7 @@ def token_shards(config, search: bool = False) -> TokenShards | None:
     if not token_cache_enabled(config, search):
         return None
     key = cache_key(config)
-    directory = _join(cache_root(config), key_id(key))
+    directory = join(cache_root(config), key_id(key))
     shards = committed_shards(directory)
     if shards is not None:
         log.info("token cache: reusing %d tokenised rows from %s", shards.rows, shards.directory)

@@ -18,9 +18,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from distributed_emb.train.run_identity import CONFIG_FILE, IDENTITY_FILE, identity_record
+from distributed_emb.train.run_identity import (
+    CONFIG_FILE,
+    IDENTITY_FILE,
+    STATE_FILE,
+    identity_record,
+)
 
-STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
 MODEL_FILE = "model.safetensors"
 
@@ -48,6 +52,9 @@ class LoopState:
     # Where the next global batch starts (data/epoch_order.py DataPosition, as a dict): all a
     # resumed or resized run needs to continue the epoch exactly.
     position: dict = field(default_factory=dict)
+    # The stream that position indexes (data/stream.py TrainingStream.identity): a resume
+    # onto another stream is refused rather than applied to other rows.
+    stream: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

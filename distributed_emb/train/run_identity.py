@@ -30,10 +30,12 @@ from pathlib import Path
 from pyarrow import fs as pafs
 
 from distributed_emb.config import ConfigError, TrainingConfig, flatten, to_dict
+from distributed_emb.data.stream import check_same_stream
 
 log = logging.getLogger(__name__)
 
 IDENTITY_FILE = "run_identity.json"
+STATE_FILE = "trainer_state.json"  # the loop state, its data position and stream included
 CONFIG_FILE = "training_config.json"  # the full config (checkpoints before run_identity.json)
 CHECKPOINT_PREFIX = "checkpoint_"
 RESULT_FILES = ("metrics.json", "model")
@@ -167,6 +169,18 @@ def stored_identity(filesystem, checkpoint_dir: str) -> dict | None:
         return record
     config_tree = _read_json(filesystem, posixpath.join(checkpoint_dir, CONFIG_FILE))
     return identity_record(config_tree) if config_tree is not None else None
+
+
+def check_resumed_stream(config: TrainingConfig, run_name: str, stream: dict) -> None:
+    """Refuse to resume a checkpoint whose data position indexes another stream than `stream`
+    (data/stream.py TrainingStream.identity), naming what changed: a token cache built, rebuilt
+    or removed, another corpus or cut. On the driver, before Ray Train starts."""
+    filesystem, run_dir, _ = run_location(config, run_name)
+    checkpoint = latest_checkpoint(filesystem, run_dir)
+    if checkpoint is None:
+        return
+    state = _read_json(filesystem, posixpath.join(checkpoint, STATE_FILE)) or {}
+    check_same_stream(state.get("stream"), stream, f"checkpoint {checkpoint}")
 
 
 # ---------------------------------------------------------------------------------------------

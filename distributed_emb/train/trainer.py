@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.data.global_batches import batch_plan
 from distributed_emb.data.stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
@@ -40,7 +41,11 @@ from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_enco
 from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import build_encoder, train_loop_per_worker
 from distributed_emb.train.progress import resolve_progress_bar
-from distributed_emb.train.run_identity import prepare_run, resolve_run_name
+from distributed_emb.train.run_identity import (
+    check_resumed_stream,
+    prepare_run,
+    resolve_run_name,
+)
 from distributed_emb.train.teacher import check_teacher
 from distributed_emb.watchdog import no_silent_stall
 
@@ -75,6 +80,7 @@ def build_trainer(
             "training": to_dict(config),
             "num_rows": stream.rows,
             "source": stream.source,
+            "stream": stream.identity(batch_plan(config)),
         },
         scaling_config=ScalingConfig(
             # [min, max]: Ray Train's elastic worker group.
@@ -174,6 +180,9 @@ def run_training(
     output.mkdir(parents=True, exist_ok=True)
     if stream is None:
         stream = training_stream(config)
+    # A checkpoint's data position must index this stream (a rebuilt or removed token cache,
+    # other data settings): refused here, before Ray Train starts any worker.
+    check_resumed_stream(config, run_name, stream.identity(batch_plan(config)))
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
     trainer = build_trainer(
         config, stream, run_name, callbacks=callbacks, **planned_worker_cpus(config)

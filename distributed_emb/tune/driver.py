@@ -36,6 +36,7 @@ from ray.tune.search import BasicVariantGenerator
 
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter
+from distributed_emb.data.rank_batches import IndexedSource
 from distributed_emb.data.stream import BlockSource, TrainingStream, training_dataset
 from distributed_emb.data.token_cache import searched_key_settings, token_shards
 from distributed_emb.resource_plan import (
@@ -383,18 +384,22 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         log.info("token cache off: the search varies %s", ", ".join(varied))
     shards = None if varied else token_shards(base, search=True)
     if shards is not None:
-        dataset, report = shards.dataset().materialize(), shards.report
+        # Every trial's ranks read their own rows from the shards (data/rank_batches.py).
+        stream = TrainingStream(
+            IndexedSource(shards.index), shards.rows, pretokenised=True, report=shards.report
+        )
     else:
         counter = start_drop_counter()
         dataset = training_dataset(config.data, counter).materialize()
         report = collect_report(counter)  # complete: every block has been read
-    num_rows = dataset.count()
-    if base.data.max_rows is not None:
-        num_rows = min(num_rows, base.data.max_rows)
-    # Each trial's feeder reads these blocks in its epochs' order (data/stream.py).
-    stream = TrainingStream(
-        BlockSource.of(dataset), num_rows, pretokenised=shards is not None, report=report
-    )
+        num_rows = dataset.count()
+        if base.data.max_rows is not None:
+            num_rows = min(num_rows, base.data.max_rows)
+        # Each trial's feeder reads these blocks in its epochs' order (data/stream.py).
+        stream = TrainingStream(
+            BlockSource.of(dataset), num_rows, pretokenised=False, report=report
+        )
+    num_rows, report = stream.rows, stream.report
     corpus_load_s = time.time() - started
     log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
     check_batches_fit(base, space, num_rows)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -77,6 +78,7 @@ print(SentenceTransformer({str(tmp_path / "fetched")!r}, device="cpu").encode(["
 def test_shards_on_object_storage_are_committed_and_reused(s3, ray_local, tmp_path, tiny_bert_path):
     """The cache on an s3:// root: built once, committed by one object, reused by the next run
     with the same key (what a Tune search or a resumed run on a cluster does)."""
+    from distributed_emb.data.indexed_shards import ShardReader
     from distributed_emb.data.readers import ROW_ID
     from distributed_emb.data.token_cache import COMMIT_FILE, token_shards
 
@@ -100,12 +102,16 @@ def test_shards_on_object_storage_are_committed_and_reused(s3, ray_local, tmp_pa
     assert shards.built and shards.rows == 80 and shards.directory.startswith(f"{bucket}/cache/")
     keys = s3.keys("distributed-emb-token-cache", "cache/")
     (commit,) = [key for key in keys if key.endswith(f"/{COMMIT_FILE}")]
-    data_keys = [key for key in keys if "/data-" in key and key.endswith(".parquet")]
+    data_keys = [key for key in keys if "/data-" in key and key.endswith(".arrow")]
     assert data_keys and all(key.startswith(commit.rsplit("/", 1)[0]) for key in data_keys)
 
     again = token_shards(config)
     assert not again.built and again.directory == shards.directory and again.rows == 80
     assert s3.keys("distributed-emb-token-cache", "cache/") == keys  # nothing written again
-    assert sorted(r[ROW_ID] for r in again.dataset().take_all()) == sorted(
-        r[ROW_ID] for r in shards.dataset().take_all()
+    # A rank reads the shards through its node's local copies, in the order asked.
+    reader = ShardReader(again.index, cache_dir=str(tmp_path / "node_cache"))
+    rows = reader.take(np.arange(80)[::-1]).column(ROW_ID).to_pylist()
+    assert len(set(rows)) == 80 and len(list((tmp_path / "node_cache").glob("*.arrow"))) == len(
+        again.index.shards
     )
+    assert rows == ShardReader(shards.index).take(np.arange(80)[::-1]).column(ROW_ID).to_pylist()

@@ -17,6 +17,7 @@ from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.data import token_cache
 from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_stream import numpy_batch
+from distributed_emb.data.indexed_shards import LENGTH
 from distributed_emb.data.readers import ROW_ID, DropReport
 from distributed_emb.data.token_cache import (
     COMMIT_FILE,
@@ -116,7 +117,7 @@ def test_a_broken_commit_is_refused_naming_the_file(tmp_path):
     with pytest.raises(TokenCacheError, match=rf"{COMMIT_FILE}: not a token-cache commit"):
         token_cache.committed_shards(str(tmp_path))
     (tmp_path / COMMIT_FILE).write_text(
-        json.dumps({"data": "../x", "rows": 1, "corpus": DropReport().as_dict()})
+        json.dumps({"data": "../x", "shards": [], "corpus": DropReport().as_dict()})
     )
     with pytest.raises(TokenCacheError, match="must name a data-"):
         token_cache.committed_shards(str(tmp_path))
@@ -144,8 +145,9 @@ def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert
     assert len(_data_dirs(cache)) == 1
 
     # Every cached row: the ids and mask the worker-side collator makes from its text.
-    rows = shards.dataset().take_all()
+    rows = _all_rows(shards)
     assert len(rows) == 300 and "text" not in rows[0]
+    assert all(r[LENGTH] == len(r["text__ids"]) for r in rows)  # what length grouping reads
     text = _text_by_row_id(config)
     assert sorted(text) == sorted(r[ROW_ID] for r in rows)
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
@@ -173,36 +175,16 @@ def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert
 
 
 @pytest.mark.ray
-def test_reading_the_shards_starts_two_footer_actors_not_thirty_two(
-    ray_local, tmp_path, tiny_bert_path
-):
-    # Ray Data lists a Parquet read through footer-reading actors, by default 32 new worker
-    # processes per read however few the files; the jobs' environment defaults (cli.py, set in
-    # every test process by conftest.py as in every job) keep that to 2.
-    from ray._private.state import actors
-
-    assert os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] == "2"
-
-    def footer_readers() -> int:
-        return sum(a.get("ActorClassName") == "FooterReader" for a in actors().values())
-
-    shards = token_shards(_config(_corpus(tmp_path, 50), tiny_bert_path, tmp_path / "cache"))
-    before = footer_readers()
-    assert len(shards.dataset().take_all()) == 50
-    assert footer_readers() - before == 2
-
-
-@pytest.mark.ray
 def test_a_writer_that_dies_before_its_commit_is_never_reused(
     ray_local, tmp_path, tiny_bert_path, monkeypatch
 ):
     corpus, cache = _corpus(tmp_path, lines=80), tmp_path / "cache"
     config = _config(corpus, tiny_bert_path, cache)
 
-    def crash(directory):
+    def crash(counter):
         raise KeyboardInterrupt("killed after the shards, before the commit")
 
-    monkeypatch.setattr(token_cache, "_count_rows", crash)
+    monkeypatch.setattr(token_cache, "collect_report", crash)
     with pytest.raises(KeyboardInterrupt):
         token_shards(config)
     (half,) = _data_dirs(cache)  # shards on disk, but no commit names them
@@ -217,58 +199,24 @@ def test_a_writer_that_dies_before_its_commit_is_never_reused(
 def test_a_restarted_group_reads_the_rest_of_its_epoch_from_the_shards(
     ray_local, tmp_path, tiny_bert_path
 ):
-    from harness.feeder import served_batches
-
     from distributed_emb.data.epoch_order import DataPosition
     from distributed_emb.data.global_batches import BatchPlan
-    from distributed_emb.data.stream import stored_source
+    from distributed_emb.data.rank_batches import IndexedSource, RankBatches
 
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
     shards = token_shards(_config(corpus, tiny_bert_path, cache))
-    source = stored_source(shards.directory, block_rows=64)
-    plan = BatchPlan(global_batch=16, seed=3)
-    epoch = served_batches(source, plan, 1, DataPosition())
+    source, plan = IndexedSource(shards.index), BatchPlan(global_batch=16, seed=3)
+    epoch = list(RankBatches(source, plan, 0, 1).epoch(DataPosition()))
     ids = [r for batch, _ in epoch for r in batch.column(ROW_ID).to_pylist()]
     assert len(ids) == len(set(ids)) and 300 - len(ids) < 16  # all but a last partial batch
     assert "text__ids" in epoch[0][0].column_names  # token ids reach the ranks, no text
     # Restarted on two ranks after 5 global batches: exactly the rest of the epoch.
-    rest = served_batches(source, plan, 2, epoch[4][1])
-    assert [b.column(ROW_ID).to_pylist() for b, _ in rest] == [
-        b.column(ROW_ID).to_pylist() for b, _ in epoch[5:]
-    ]
+    ranks = [RankBatches(source, plan, r, 2).epoch(epoch[4][1]) for r in range(2)]
+    rest = [sum((t.column(ROW_ID).to_pylist() for t, _ in pair), []) for pair in zip(*ranks)]
+    assert rest == [b.column(ROW_ID).to_pylist() for b, _ in epoch[5:]]
 
 
-@pytest.mark.slow
-@pytest.mark.ray
-def test_a_run_and_its_resumption_read_one_build(ray_local, tmp_path, tiny_bert_path):
-    """Two Train workers pad cached ids (no text reaches them); the resumed run continues from
-    its checkpoint reading the same shards, and nothing is tokenised a second time."""
-    from harness.tiny_run import tiny_config
+def _all_rows(shards) -> list[dict]:
+    from distributed_emb.data.indexed_shards import ShardReader
 
-    from distributed_emb.train.trainer import run_training
-
-    corpus, cache = _corpus(tmp_path, lines=200), tmp_path / "cache"
-
-    def run(steps: int, *more: str) -> dict:
-        config = tiny_config(
-            tiny_bert_path,
-            corpus,
-            tmp_path / "run",
-            "data.max_rows=null",
-            "data.token_cache=on",
-            f"data.token_cache_dir={cache}",
-            f"train.max_steps={steps}",
-            "eval.eval_steps=2",
-            "eval.max_pairs=16",
-            *more,
-        )
-        return run_training(config).metrics
-
-    first = run(2)
-    assert first["steps"] == 2 and first["corpus"]["kept"] == 200
-    (build,) = _data_dirs(cache)
-    resumed = run(4, "output.resume=anyway")
-    assert [row["step"] for row in resumed["history"]] == [0, 2, 4]
-    assert resumed["restarts"] == 1  # continued from the step-2 checkpoint
-    assert resumed["corpus"] == first["corpus"]  # the build's counts, not a new read
-    assert _data_dirs(cache) == [build]
+    return ShardReader(shards.index).take(np.arange(shards.rows)).to_pylist()

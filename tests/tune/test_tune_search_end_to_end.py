@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow as pa
 import pytest
 from harness.jobs import run
 
@@ -249,15 +250,17 @@ def test_plots_of_the_search_are_written(search):
 
 def test_the_trials_read_one_tokenising_pass(search):
     """The search's trials share one token-cache build (data.tokenize_in=ray_data): the corpus
-    is tokenised once for the whole search, and the trials trained on it."""
-    import pyarrow.parquet as pq
+    is tokenised once for the whole search, and the trials' ranks read their rows from it."""
+    from distributed_emb.data.indexed_shards import ShardIndex
 
     builds = sorted((search["output"] / "ray_results" / "token_cache").glob("*/data-*"))
     assert len(builds) == 1, builds  # one tokenising pass for the whole search
     commit = json.loads((builds[0].parent / "COMMIT.json").read_text())
     assert commit["data"] == builds[0].name and commit["rows"] == CORPUS_ROWS
-    columns = pq.ParquetDataset(str(builds[0])).schema.names
-    assert "text" not in columns and "text__ids" in columns
+    index = ShardIndex.from_list(str(builds[0]), commit["shards"])
+    assert ShardIndex.scan(str(builds[0])) == index and index.rows == CORPUS_ROWS
+    first = pa.ipc.open_file(str(builds[0] / index.shards[0][0])).schema.names
+    assert "text" not in first and "text__ids" in first
     # The trials not killed trained on it to the ASHA rung at least (the killed one may have
     # reported only its step-0 evaluation).
     killed = search["killed"].removeprefix("search-")
