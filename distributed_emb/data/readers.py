@@ -434,11 +434,32 @@ def read_file_blocks(
     skip_blocks: int = 0,
 ) -> Iterator[pa.Table]:
     """Parsed blocks of one file (below); a file its reader cannot parse at all (a ".parquet"
-    that is not Parquet) is a CorpusError naming it, wherever it is read."""
+    that is not Parquet, a ".gz" cut short) is a CorpusError naming it, wherever it is read."""
     try:
         yield from _parsed_file_blocks(filesystem, file, rules, block_rows, skip_blocks)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise CorpusError(f"{file.path}: not a readable {file.format} file ({error})") from None
+    except OSError as error:
+        failure = _inflate_failure(file, error)
+        if failure is None:
+            raise  # the filesystem's own errors name the file already
+        raise failure from None
+
+
+# Arrow's codecs' words for bytes that do not decompress ("zlib inflate failed: ...", "ZSTD
+# decompress failed: ...", "Truncated compressed stream"); its filesystems' errors use neither.
+_CODEC_FAILURE = re.compile(r"inflate|decompress|compressed stream", re.IGNORECASE)
+
+
+def _inflate_failure(file: SourceFile, error: OSError, reached: str = "") -> CorpusError | None:
+    """The CorpusError for a compressed file whose bytes do not inflate (truncated or corrupt),
+    naming it and the last line or row read whole (`reached`, when known); None for any other
+    OSError. Arrow's codec errors name neither the file nor the place."""
+    if file.compression is None or not _CODEC_FAILURE.search(str(error)):
+        return None
+    after = f" after {reached}" if reached else ""
+    detail = " ".join(str(error).split())
+    return CorpusError(f"{file.path}: failed to inflate {file.compression}{after}: {detail}")
 
 
 def _parsed_file_blocks(
@@ -477,14 +498,23 @@ def _parsed_file_blocks(
             records = _table_records(tables, file, rules, first=first_row + 1)
             label = "row "
         rows: list[tuple[int, dict | None, str, str]] = []
-        for number, record, reason, detail in records:
-            if record is not None:
-                values, reason, detail = rules.normalise(record)
-                record = values
-            rows.append((number, record, reason, detail))
-            if len(rows) >= block_rows:
-                yield _block(rows, file, rules, label)
-                rows = []
+        number = None
+        try:
+            for number, record, reason, detail in records:
+                if record is not None:
+                    values, reason, detail = rules.normalise(record)
+                    record = values
+                rows.append((number, record, reason, detail))
+                if len(rows) >= block_rows:
+                    yield _block(rows, file, rules, label)
+                    rows = []
+        except OSError as error:
+            # Only here is the last line or row read known; read_file_blocks names the rest.
+            reached = "" if number is None else f"{label or 'line '}{number}"
+            failure = _inflate_failure(file, error, reached)
+            if failure is None:
+                raise
+            raise failure from None
         if rows:
             yield _block(rows, file, rules, label)
 

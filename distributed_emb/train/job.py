@@ -14,7 +14,7 @@ from distributed_emb.model.model_card import position_limit
 from distributed_emb.paths import default_model_path
 from distributed_emb.resource_plan import cluster_from_ray, training_plan
 from distributed_emb.selection import STSB_DEV, describe, is_given_model, scored_splits
-from distributed_emb.storage import require_reachable
+from distributed_emb.storage_paths import require_writable
 from distributed_emb.train.run_identity import prepare_run
 
 
@@ -36,8 +36,9 @@ def check(config: TrainingConfig) -> None:
 
 
 def check_storage(config: TrainingConfig) -> None:
-    require_reachable(config.output.storage_path, "output.storage_path")
-    require_reachable(config.data.token_cache_dir, "data.token_cache_dir")
+    require_writable(config.output.dir, "output.dir")
+    require_writable(config.output.storage_path, "output.storage_path")
+    require_writable(config.data.token_cache_dir, "data.token_cache_dir")
 
 
 def check_retrieval_data(config: TrainingConfig) -> None:

@@ -4,6 +4,9 @@ suffixes, over-long lines, and drop counts that do not depend on how blocks are 
 import bz2
 import gzip
 import json
+import random
+import re
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -217,3 +220,65 @@ def test_a_resumed_read_starts_at_its_block_and_reads_the_same_rows(tmp_path, su
     assert len(whole) == 10 and all(len(b) == 10 for b in whole[:-1])
     for skip in (1, 4, 9, 10):
         assert blocks(skip) == whole[skip:], skip
+
+
+def _complete_lines_inflated(data: bytes) -> int:
+    """Lines that Python's own zlib gets whole out of a (cut) gzip file: the most any reader
+    can claim to have read before it fails."""
+    inflated = zlib.decompressobj(wbits=31).decompress(data)
+    return inflated.count(b"\n")
+
+
+def test_a_gzip_cut_in_half_is_named_with_the_line_it_reached(tmp_path):
+    lines = [json.dumps({"text": f"sentence number {n} of a long corpus"}) for n in range(80_000)]
+    whole = gzip.compress("\n".join(lines).encode())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CorpusError) as caught:
+        read_rows(str(path))
+    message = str(caught.value)
+    found = re.fullmatch(
+        rf"{re.escape(str(path))}: failed to inflate gzip after line (\d+): (.+)", message
+    )
+    assert found, message
+    assert 0 < int(found.group(1)) <= _complete_lines_inflated(path.read_bytes())
+    assert "\n" not in message
+
+
+def _zstd_garbage(path):
+    if not pa.Codec.is_available("zstd"):
+        pytest.skip("pyarrow built without zstd")
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + b"not a zstd frame at all " * 40)
+
+
+@pytest.mark.parametrize(
+    "name, write, codec",
+    [
+        ("garbage.txt.bz2", lambda p: p.write_bytes(b"BZh9" + b"bad bytes " * 50), "bz2"),
+        ("garbage.jsonl.zst", _zstd_garbage, "zstd"),
+        ("garbage.jsonl.gz", lambda p: p.write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 300), "gzip"),
+        (
+            "cut.parquet.gz",
+            lambda p: p.write_bytes(gzip.compress(random.Random(0).randbytes(20_000))[:9_000]),
+            "gzip",
+        ),
+    ],
+)
+def test_a_corrupt_compressed_file_is_named_and_said_not_to_inflate(tmp_path, name, write, codec):
+    path = tmp_path / name
+    write(path)
+    with pytest.raises(CorpusError) as caught:
+        read_rows(str(path))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: failed to inflate {codec}: "), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+def test_a_table_file_that_is_text_is_named(tmp_path, suffix):
+    path = tmp_path / f"notes.{suffix}"
+    path.write_text("these are notes, not a table\n")
+    with pytest.raises(
+        CorpusError, match=rf"^{re.escape(str(path))}: not a readable {suffix} file"
+    ):
+        read_rows(str(path))

@@ -32,11 +32,13 @@ class TrainingStarted(Exception):
     """Raised by the stand-in TorchTrainer: the run got past every check."""
 
 
-def _stream():
-    """A stand-in stream: run_training stops before anything reads it."""
+def _stream(shards=(("part-0.arrow", 64),)):
+    """A stand-in stream of indexed shards that are never read: run_training stops before."""
+    from distributed_emb.data.indexed_shards import ShardIndex
+    from distributed_emb.data.rank_batches import IndexedSource
     from distributed_emb.data.stream import TrainingStream
 
-    return TrainingStream(source=None, rows=64, pretokenised=False)
+    return TrainingStream(IndexedSource(ShardIndex("shards", shards)), rows=64, pretokenised=True)
 
 
 @pytest.fixture
@@ -67,8 +69,8 @@ def _earlier_run(config: TrainingConfig, run_dir, checkpoints=("2026-01-01_10-00
         save_loop_state(str(run_dir / f"checkpoint_{stamp}"), LoopState(step=2), to_dict(config), 0)
 
 
-def _run(config):
-    return trainer.run_training(config, stream=_stream())
+def _run(config, stream=None):
+    return trainer.run_training(config, stream=stream or _stream())
 
 
 def test_other_settings_under_the_same_run_name_are_refused_before_training(tmp_path, no_training):
@@ -97,6 +99,27 @@ def test_the_newest_checkpoint_decides(tmp_path, no_training):
         _run(_config(tmp_path, "train.learning_rate=3e-5"))
     with pytest.raises(RunIdentityError, match="train.learning_rate 3e-05 → 1e-05"):
         _run(_config(tmp_path, "train.learning_rate=1e-5"))
+
+
+def test_a_resume_onto_another_stream_is_refused_before_training(tmp_path, no_training):
+    """The data settings outside the run identity (the token cache built, rebuilt or removed)
+    still decide which rows a position points at: the checkpoint's stream is compared."""
+    from distributed_emb.data.global_batches import batch_plan
+    from distributed_emb.data.stream import StreamChangedError
+
+    config = _config(tmp_path)
+    stream = _stream().identity(batch_plan(config))
+    save_loop_state(
+        str(tmp_path / "storage" / "r1" / "checkpoint_2026-01-01_10-00-00.000000"),
+        LoopState(step=2, stream=stream),
+        to_dict(config),
+        0,
+    )
+    with pytest.raises(StreamChangedError, match=r"checkpoint .*checkpoint_2026.*rows 'indexed:"):
+        _run(_config(tmp_path), _stream((("part-0.arrow", 40), ("part-1.arrow", 24))))
+    assert no_training == []
+    with pytest.raises(TrainingStarted):  # the same stream: resumed
+        _run(_config(tmp_path))
 
 
 def test_same_settings_resume_whatever_the_ignored_keys_say(tmp_path, no_training):
