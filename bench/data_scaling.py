@@ -204,7 +204,7 @@ def resume_cost(directory: Path, shard_rows: int, measured_rows: int, rounds: in
     from distributed_emb.data.global_batches import BatchPlan
     from distributed_emb.data.indexed_shards import ShardIndex
     from distributed_emb.data.rank_batches import IndexedSource
-    from distributed_emb.data.stream import TrainingStream
+    from distributed_emb.data.training_stream import TrainingStream
 
     plan = BatchPlan(global_batch=GLOBAL_BATCH, seed=0)
     source = IndexedSource(ShardIndex.scan(str(directory)))

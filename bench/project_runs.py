@@ -78,12 +78,14 @@ def project_config(
 
 def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     """One TorchTrainer fit (Ray must be running); steady-state numbers from its windows."""
-    from distributed_emb.data.stream import training_stream
+    from distributed_emb.data.training_stream import training_stream
     from distributed_emb.train.checkpointing import STATE_FILE, LoopState
     from distributed_emb.train.trainer import build_trainer, planned_worker_cpus
 
     started = time.perf_counter()
-    stream = training_stream(config)  # what run_training trains on: one feeder, W ranks
+    stream = training_stream(
+        config.data, config.stream_settings()
+    )  # what run_training trains on: one feeder, W ranks
     # A fresh run name each time: a run must never resume an earlier contender's checkpoint.
     run_name = f"bench-{uuid.uuid4().hex[:8]}"
     trainer = build_trainer(config, stream, run_name=run_name, **planned_worker_cpus(config))
@@ -125,7 +127,7 @@ def bench_texts(config: TrainingConfig) -> list[str]:
     from distributed_emb.data.global_batches import batch_plan, global_batches
     from distributed_emb.data.stream import local_epoch_tables, text_source
 
-    plan = batch_plan(config)
+    plan = batch_plan(config.data, config.train.global_batch)
     start = DataPosition()
     tables = local_epoch_tables(
         text_source(config.data, counter=None), EpochOrder(plan.seed, start.epoch), start

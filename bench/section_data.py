@@ -215,16 +215,22 @@ def collate_one_thread_per_s(path: str, model_path: str, rows: int, batch_size: 
 
 
 def _consumed_per_s(source, collate, batch_size: int, batches: int) -> float:
-    """Rows/s a worker's loop gets: its slices of the feeder's global batches (one rank: the
-    whole batch), as the collator's input (`numpy_batch`), collated (padding only)."""
-    import ray
-
+    """Rows/s a worker's loop gets: its slices of the global batches (one rank: the whole
+    batch) through the product's worker side (data/rank_batches.py: the feeder for streamed
+    text, the rank's own reads for indexed shards), as the collator's input (`numpy_batch`),
+    collated (padding only)."""
     from distributed_emb.data.epoch_order import DataPosition
     from distributed_emb.data.epoch_stream import numpy_batch
     from distributed_emb.data.global_batches import BatchPlan, RankStream
+    from distributed_emb.data.rank_batches import IndexedSource, RankBatches
 
-    feeder = _feeder(source, BatchPlan(batch_size, seed=0))
-    stream = RankStream(feeder, 0).epoch(DataPosition())
+    plan = BatchPlan(batch_size, seed=0)
+    feeder = None
+    if isinstance(source, IndexedSource):
+        stream = RankBatches(source, plan, 0, 1).epoch(DataPosition())
+    else:
+        feeder = _feeder(source, plan)
+        stream = RankStream(feeder, 0).epoch(DataPosition())
     for _ in range(5):  # start-up excluded: the steady rate
         collate(numpy_batch(next(stream)[0]))
     started = time.perf_counter()
@@ -232,7 +238,10 @@ def _consumed_per_s(source, collate, batch_size: int, batches: int) -> float:
         collate(numpy_batch(next(stream)[0]))
     rate = batches * batch_size / (time.perf_counter() - started)
     stream.close()
-    ray.kill(feeder)  # stops this pipeline's tasks before the next measurement starts
+    if feeder is not None:
+        import ray
+
+        ray.kill(feeder)  # stops this pipeline's tasks before the next measurement starts
     return rate
 
 
@@ -253,7 +262,8 @@ def delivery_rates(
     from distributed_emb.config import TrainingConfig, load_config
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.data.corpus import start_drop_counter
-    from distributed_emb.data.stream import stored_source, text_source
+    from distributed_emb.data.rank_batches import IndexedSource
+    from distributed_emb.data.stream import text_source
     from distributed_emb.data.token_cache import token_shards
     from distributed_emb.data.tokenize import tokenize_arguments
 
@@ -278,18 +288,17 @@ def delivery_rates(
     def one_thread() -> float:
         return collate_one_thread_per_s(path, model_path, batches * batch_size, batch_size, max_len)
 
-    text = text_source(config.data, start_drop_counter(), [tokenize_arguments(config)])
+    stage = tokenize_arguments(config.data, config.stream_settings())
+    text = text_source(config.data, start_drop_counter(), [stage])
     before = one_thread()
     delivered = _consumed_per_s(text, collate, batch_size, batches)
     after = one_thread()
 
     config.data.max_rows = cache_rows
     started = time.perf_counter()
-    shards = token_shards(config)
+    shards = token_shards(config.data, config.stream_settings())
     build = shards.rows / (time.perf_counter() - started)
-    cached = _consumed_per_s(
-        stored_source(shards.directory, config.data.block_rows), collate, batch_size, batches
-    )
+    cached = _consumed_per_s(IndexedSource(shards.index), collate, batch_size, batches)
     last = one_thread()
     return {
         "delivered": delivered,

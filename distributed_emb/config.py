@@ -13,7 +13,6 @@ import dataclasses
 import glob
 import json
 import logging
-import math
 import os
 import re
 from dataclasses import field
@@ -29,7 +28,9 @@ from distributed_emb.checks import (  # noqa: F401 - re-exported: every section'
     require_range,
 )
 from distributed_emb.checks import require as _require
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.data.stream_settings import StreamSettings
 from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.paths import default_model_path
 from distributed_emb.settings import (
@@ -403,108 +404,6 @@ class ModelConfig:
 
 
 @section
-class DataConfig:
-    path: Annotated[
-        str | None,
-        Field(
-            description="the training corpus: a file (.txt .jsonl/.json .parquet .arrow, "
-            "optionally .gz/.zst/.bz2), directory, glob, s3:// or gs:// URI, saved Hugging Face "
-            "dataset or hub name (org/name); null: the shipped Wikipedia sentences"
-        ),
-    ] = None
-    text_column: Annotated[
-        str, Field(description="the text field of JSONL / Parquet / HF rows")
-    ] = "text"
-    hf_split: Annotated[str, Field(description="the split of a Hugging Face dataset")] = "train"
-    kind: Annotated[
-        Literal["sentences", "pairs"],
-        Field(
-            description="sentences: one text per row, two dropout views (InforMin-CL, SimCSE); "
-            "pairs: anchor/positive columns (InfoCSE)"
-        ),
-    ] = "sentences"
-    anchor_column: Annotated[str, Field(description="pairs: the anchor field")] = "anchor"
-    positive_column: Annotated[str, Field(description="pairs: the positive field")] = "positive"
-    group_column: Annotated[
-        str | None,
-        Field(
-            description="a group (document) id: rows of one group are never each other's "
-            "negatives, and are one cluster of the MCR² term (loss.mcr2_weight)"
-        ),
-    ] = None
-    # An all-to-all pass over the whole corpus before the first step (docs/BENCHMARKS.md),
-    # so off by default.
-    deduplicate: Annotated[
-        bool, Field(description="exact, distributed de-duplication of identical rows")
-    ] = False
-    dedup_partitions: Annotated[
-        int, Field(ge=1, description="hash partitions of the de-duplication shuffle")
-    ] = 16
-    max_rows: Annotated[
-        int | None, Field(ge=1, description="take only the first N clean rows (quick runs)")
-    ] = None
-    # No real sentence is this long; a broken file's megabyte "line" is.
-    max_chars: Annotated[
-        int,
-        Field(
-            ge=1,
-            description="rows longer than this many characters are dropped and counted "
-            "(too_long) before tokenisation",
-        ),
-    ] = 20_000
-    block_rows: Annotated[
-        int,
-        Field(
-            ge=1,
-            description="rows per block read: the unit of parallelism, counting and shuffling",
-        ),
-    ] = 10_000
-    # data/epoch_order.py: the same order for any worker count.
-    shuffle_seed: Annotated[
-        Seed | None,
-        Field(
-            description="seed of the corpus order (files, and rows within each block, drawn "
-            "per epoch); null: file order"
-        ),
-    ] = 0
-    # GPUs need the tokenising off the training process (data/tokenize.py).
-    tokenize_in: Annotated[
-        Literal["auto", "worker", "ray_data"],
-        Field(
-            description="where text becomes token ids: a Ray Data stage on the cluster's CPUs "
-            "(ray_data), each Train worker (worker); auto: ray_data on GPU runs"
-        ),
-    ] = "auto"
-    tokenize_batch_rows: Annotated[
-        int, Field(ge=1, description="rows per tokenising task call")
-    ] = 1024
-    token_cache: Annotated[
-        Literal["auto", "on", "off"],
-        Field(
-            description="token-id shards written once and reused by later epochs, resumed runs "
-            "and Tune trials (data/token_cache.py); auto: on for Tune searches and for runs "
-            "that tokenise in Ray Data and read the whole corpus"
-        ),
-    ] = "auto"
-    token_cache_dir: Annotated[
-        str | None,
-        Field(
-            description="where the token cache lives (local or s3://); null: "
-            "<storage path>/token_cache"
-        ),
-    ] = None
-    # Less padding (data/global_batches.py, docs/BENCHMARKS.md).
-    length_group_batches: Annotated[
-        int,
-        Field(
-            ge=0,
-            description="> 1: sort each pool of this many global batches by length before "
-            "cutting it; 0 or 1: batches as they come",
-        ),
-    ] = 0
-
-
-@section
 class DeepSpeedConfig:
     zero_stage: Annotated[int, Field(ge=0, le=3, description="DeepSpeed ZeRO stage")] = 2
     config_path: Annotated[
@@ -523,9 +422,13 @@ class DeepSpeedConfig:
 
 @section
 class TrainLoopConfig:
-    # Ray Train's elastic worker groups. The global batch stays `batch_size × max` whatever the
-    # group's size: each of W workers takes global/W rows, so it must divide by every size in
-    # the range (validate_worker_counts).
+    # Ray Train's elastic worker groups. The global batch G stays `batch_size × max` whatever the
+    # group's size W, which need not divide it: the first G % W workers take ⌈G/W⌉ rows, the
+    # others ⌊G/W⌋ (data/global_batches.py split_rows), and the loss is weighted so training
+    # equals one process on all G rows (train/step.py rank_weight). A worker's memory is bounded
+    # by the ⌈G/min⌉ rows it holds in the smallest group; GradCache (train.mini_batch_size) caps
+    # the activation memory at one mini-batch's whatever the slice (only the (B, d) cached
+    # embeddings and the (B, G) logits grow with it).
     num_workers: Annotated[
         int | list[int],
         Field(
@@ -976,6 +879,25 @@ class TrainingConfig:
 
         return local_model_dir(self.model.path or default_model_path())
 
+    def stream_settings(self) -> StreamSettings:
+        """What the data path needs from the other sections (data/stream_settings.py)."""
+        data, output = self.data, self.output
+        if data.token_cache_dir:
+            root = data.token_cache_dir
+        elif output.storage_path:
+            root = f"{output.storage_path.rstrip('/')}/token_cache"
+        else:
+            root = str(Path(output.dir).resolve() / "ray_results" / "token_cache")
+        return StreamSettings(
+            tokenizer=self.model_path,
+            max_seq_length=self.model.max_seq_length,
+            trust_remote_code=self.model.trust_remote_code,
+            global_batch=self.train.global_batch,
+            max_steps=self.train.max_steps,
+            use_gpu=self.train.use_gpu,
+            token_cache_root=root if "://" in root else str(Path(root).expanduser().resolve()),
+        )
+
     def make_paths_absolute(self) -> None:
         """output.dir, and model and retrieval directories given relative to this directory,
         made absolute: Ray Train workers run in other working directories (on a cluster, other
@@ -1017,7 +939,8 @@ def validate_selection(e: EvalConfig) -> None:
 
 
 def validate_worker_counts(t: TrainLoopConfig) -> None:
-    """`train.num_workers`: a count, or [min, max] whose every size splits the global batch."""
+    """`train.num_workers`: a count, or [min, max]; any size in the range trains the global batch
+    (its workers take ⌊G/W⌋ or ⌈G/W⌉ rows: data/global_batches.py split_rows)."""
     if not t.elastic:
         require_range(t.num_workers, "train.num_workers", 1)
         return
@@ -1026,19 +949,6 @@ def validate_worker_counts(t: TrainLoopConfig) -> None:
         "train.num_workers",
         f"{list(t.num_workers)}: a range is [min, max] with 1 <= min <= max",
     )
-    uneven = [w for w in t.worker_counts() if t.global_batch % w]
-    if uneven:
-        step = math.lcm(*t.worker_counts())
-        unit = step // math.gcd(step, t.max_workers)  # batch_size must be a multiple of this
-        suggestion = -(-t.batch_size // unit) * unit
-        _require(
-            False,
-            "train.num_workers",
-            f"{list(t.num_workers)}: the global batch {t.global_batch} (train.batch_size "
-            f"{t.batch_size} × max {t.max_workers}) does not split evenly over {uneven} "
-            f"workers (each of W workers takes global/W rows); use train.batch_size="
-            f"{suggestion} (a global batch of {suggestion * t.max_workers}) or narrow the range",
-        )
 
 
 def training_config_from_dict(tree: dict) -> TrainingConfig:

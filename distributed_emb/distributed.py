@@ -1,7 +1,9 @@
 """Every torch.distributed call in the project lives here (contriever's dist_utils pattern).
 
-Losses call `gather_with_grad(z)` and `rank()`; they never ask how the processes were started,
-so the same loss runs in one process, under DDP, or under DeepSpeed.
+Losses call `gather_with_grad(z)` and `row_offset(sizes)`; they never ask how the processes were
+started, so the same loss runs in one process, under DDP, or under DeepSpeed. The ranks may
+hold different numbers of rows (an elastic group whose size does not divide the global batch):
+the gathers pad, gather and trim.
 """
 
 from __future__ import annotations
@@ -32,46 +34,89 @@ def barrier() -> None:
         dist.barrier()
 
 
+def gather_sizes(rows: int) -> list[int]:
+    """Every rank's `rows` (its tensor's first dimension), in rank order: one tiny all-gather.
+
+    The ranks of an elastic group hold ⌊G/W⌋ or ⌈G/W⌉ rows of the global batch; a loss that
+    gathers several tensors of one batch asks once and passes the answer to each gather.
+    """
+    if world_size() == 1:
+        return [rows]
+    local = torch.tensor([rows], dtype=torch.long, device=_collective_device())
+    sizes = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(sizes, local)
+    return [int(size) for size in torch.cat(sizes).tolist()]
+
+
+def row_offset(sizes: list[int]) -> int:
+    """This rank's first row in a gathered batch (`sizes` from gather_sizes): ranks' rows come
+    in rank order, so the offset is the sum of the earlier ranks' sizes."""
+    return sum(sizes[: rank()])
+
+
+def _all_gather_rows(tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """(sizes[rank], …) on each rank → (Σ sizes, …), rank order. all_gather needs one shape on
+    every rank, so smaller slices are padded to the largest and trimmed after: equal slices
+    (the usual case) send exactly what a plain all_gather would."""
+    rows = tensor.shape[0]
+    if len(sizes) != world_size() or sizes[rank()] != rows:
+        raise ValueError(
+            f"gather on rank {rank()}: the tensor has {rows} rows but sizes are {sizes} "
+            f"for {world_size()} ranks"
+        )
+    largest = max(sizes)
+    tensor = tensor.contiguous()
+    if rows < largest:
+        tensor = torch.cat([tensor, tensor.new_zeros((largest - rows, *tensor.shape[1:]))])
+    gathered = [torch.empty_like(tensor) for _ in sizes]
+    dist.all_gather(gathered, tensor)
+    if min(sizes) < largest:
+        gathered = [part[:size] for part, size in zip(gathered, sizes, strict=True)]
+    return torch.cat(gathered, dim=0)
+
+
 class _GatherWithGrad(torch.autograd.Function):
     """all_gather whose backward hands each rank the summed gradient of its own slice.
 
     Every rank's loss depends on every rank's rows, so the gradient w.r.t. this rank's rows is
     the sum over ranks of ∂loss_r/∂rows. Summing here and letting DDP average parameter
-    gradients gives exactly the gradient of the mean loss over the global batch.
+    gradients gives exactly the gradient of the mean of the ranks' losses; with unequal slices
+    the step weights each rank's loss so that this is the mean over the global batch
+    (train/step.py rank_weight).
     """
 
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
-        ctx.batch = tensor.shape[0]
-        gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, tensor.contiguous())
-        return torch.cat(gathered, dim=0)
+    def forward(ctx, tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        ctx.start, ctx.rows = row_offset(sizes), tensor.shape[0]
+        return _all_gather_rows(tensor, sizes)
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad_output.contiguous()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-        start = dist.get_rank() * ctx.batch
-        return grad[start : start + ctx.batch]
+        return grad[ctx.start : ctx.start + ctx.rows], None
 
 
-def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """(B, …) on each rank → (W·B, …) on every rank, rank r's rows at [r·B, (r+1)·B).
+def gather_with_grad(tensor: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+    """(B_r, …) on each rank r → (Σ_r B_r, …) on every rank, rank r's rows at
+    [row_offset(sizes), row_offset(sizes) + B_r); gradients flow back to each rank's own rows.
 
-    All ranks must pass the same B (the training loop keeps per-worker batches equal).
+    The ranks may hold different numbers of rows. `sizes` (gather_sizes: every rank's B_r)
+    saves the tiny size gather this makes without it.
     """
     if world_size() == 1:
         return tensor
-    return _GatherWithGrad.apply(tensor)
+    sizes = gather_sizes(tensor.shape[0]) if sizes is None else sizes
+    return _GatherWithGrad.apply(tensor, sizes)
 
 
-def gather_no_grad(tensor: torch.Tensor) -> torch.Tensor:
-    """(B, …) → (W·B, …) without autograd (ids, labels, cached embeddings)."""
+def gather_no_grad(tensor: torch.Tensor, sizes: list[int] | None = None) -> torch.Tensor:
+    """(B_r, …) → (Σ_r B_r, …) without autograd (ids, labels, cached embeddings); `sizes` as
+    in gather_with_grad."""
     if world_size() == 1:
         return tensor
-    gathered = [torch.empty_like(tensor) for _ in range(world_size())]
-    dist.all_gather(gathered, tensor.contiguous())
-    return torch.cat(gathered, dim=0)
+    sizes = gather_sizes(tensor.shape[0]) if sizes is None else sizes
+    return _all_gather_rows(tensor, sizes)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -125,8 +170,11 @@ def all_ranks(flag: bool) -> bool:
     """True when `flag` is true on every rank (one tiny all-reduce; CPU tensor on gloo)."""
     if world_size() == 1:
         return flag
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        value = value.cuda()
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=_collective_device())
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item())
+
+
+def _collective_device() -> torch.device:
+    """Where a small tensor made for a collective must live: NCCL only moves GPU tensors."""
+    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")

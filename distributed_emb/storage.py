@@ -59,7 +59,8 @@ def join(location: str | Path, *parts: str) -> str:
     return "/".join([str(location).rstrip("/"), *parts])
 
 
-def _filesystem(location: str | Path) -> tuple[pafs.FileSystem, str]:
+def filesystem_of(location: str | Path) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, path in it) of a local path or a URI."""
     if is_remote(location):
         return pafs.FileSystem.from_uri(str(location))
     return pafs.LocalFileSystem(), str(Path(location).resolve())
@@ -71,7 +72,7 @@ def require_reachable(location: str | None, key: str) -> None:
     has started. A local path is created where it is used."""
     if location is None or not is_remote(location):
         return
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     bucket = path.split("/", 1)[0]
     try:
         found = filesystem.get_file_info(bucket)
@@ -82,13 +83,13 @@ def require_reachable(location: str | None, key: str) -> None:
 
 
 def exists(location: str | Path) -> bool:
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     return filesystem.get_file_info(path).type != pafs.FileType.NotFound
 
 
 def has_files(location: str | Path) -> bool:
     """Is `location` a directory (or prefix) holding anything?"""
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.Directory:
         return False
     return bool(filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
@@ -101,7 +102,7 @@ def write_text(location: str | Path, text: str) -> None:
         Path(location).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(location, text)
         return
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with filesystem.open_output_stream(path) as stream:
         stream.write(text.encode())
@@ -109,7 +110,7 @@ def write_text(location: str | Path, text: str) -> None:
 
 def read_text(location: str | Path) -> str | None:
     """The file's text, or None where there is none."""
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.File:
         return None
     with filesystem.open_input_stream(path) as stream:
@@ -118,20 +119,20 @@ def read_text(location: str | Path) -> str | None:
 
 def delete_tree(location: str | Path) -> None:
     """Remove a directory (or prefix) and everything under it; nothing there is fine."""
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type == pafs.FileType.Directory:
         filesystem.delete_dir(path)
 
 
 def delete_file(location: str | Path) -> None:
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type == pafs.FileType.File:
         filesystem.delete_file(path)
 
 
 def list_dirs(location: str | Path) -> list[str]:
     """The directories directly under `location`, as locations (same scheme), sorted."""
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.Directory:
         return []
     found = filesystem.get_file_info(pafs.FileSelector(path))
@@ -140,7 +141,7 @@ def list_dirs(location: str | Path) -> list[str]:
 
 
 def copy_from_storage(location: str | Path, local_dir: str | Path) -> str:
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     Path(local_dir).mkdir(parents=True, exist_ok=True)
     pafs.copy_files(
         path, str(local_dir), source_filesystem=filesystem,
@@ -161,7 +162,7 @@ def local_model_dir(location: str) -> str:
     import shutil
     import tempfile
 
-    filesystem, path = _filesystem(location)
+    filesystem, path = filesystem_of(location)
     files = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
     if not any(info.type == pafs.FileType.File for info in files):
         raise FileNotFoundError(f"no model at {location}")

@@ -56,7 +56,7 @@ def check(config: SearchJobConfig) -> None:
     check_storage(config)
     check_model_lengths(config)
     check_retrieval_data(config)
-    check_small_corpus(config, fills_a_step=False)  # listed; a small local one read
+    check_small_corpus(config.data)  # listed; a small local one read, not counted
     paths = search_paths(config)
     if not config.tune.resume and can_resume(paths):
         raise ConfigError(

@@ -5,9 +5,11 @@ import pytest
 from distributed_emb.config import (
     ConfigError,
     TrainingConfig,
+    TrainLoopConfig,
     load_config,
     parse_override,
     require_range,
+    validate_worker_counts,
 )
 
 
@@ -84,6 +86,18 @@ def test_int_is_accepted_for_float_but_not_bool_for_int():
     assert config.loss.temperature == 1.0 and isinstance(config.loss.temperature, float)
     with pytest.raises(ConfigError, match="train.num_workers"):
         load_config(TrainingConfig, None, ["train.num_workers=true"])
+
+
+def test_an_elastic_range_need_not_divide_the_global_batch():
+    # batch_size 4 × max 5 = 20 rows: 3 and 4 workers take ⌊20/W⌋ or ⌈20/W⌉ rows each.
+    elastic = load_config(TrainingConfig, None, ["train.num_workers=[3,5]", "train.batch_size=4"])
+    assert elastic.train.num_workers == [3, 5] and elastic.train.global_batch == 20
+    validate_worker_counts(elastic.train)
+    validate_worker_counts(TrainLoopConfig(num_workers=[1, 7], batch_size=2))
+    with pytest.raises(ConfigError, match=r"train.num_workers.*\[3, 2\]: a range is \[min, max\]"):
+        validate_worker_counts(TrainLoopConfig(num_workers=[3, 2]))
+    with pytest.raises(ConfigError, match="train.num_workers"):
+        validate_worker_counts(TrainLoopConfig(num_workers=[0, 2]))
 
 
 def test_job_rejects_bad_config_before_ray_starts(tmp_path):

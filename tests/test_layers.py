@@ -18,6 +18,7 @@ LAYERS = [
         "tables",
         "distributed",
         "storage",
+        "storage_paths",
         "console",
         "settings",
         "selection",
@@ -70,3 +71,59 @@ def test_no_import_runs_up_the_layers():
             if target_room in LAYER and LAYER[target_room] > own:
                 upward.append(f"{module} imports {target}")
     assert not upward, "\n".join(upward)
+
+
+# Sections of the training config that data/ must never read: it gets its own `DataConfig` and
+# `StreamSettings` (data/stream_settings.py), resolved on the driver.
+OTHER_SECTIONS = {"train", "model", "loss", "eval", "output", "export", "ray", "logging"}
+
+
+def test_data_reads_its_own_settings_not_the_training_config():
+    """No function in data/ takes an untyped `config` (the whole training config in disguise)
+    or reads another section (`<name>.train`, `<name>.model`, ...)."""
+    found = []
+    for path in sorted((PACKAGE / "data").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                found += [
+                    f"{path.name}:{node.lineno}: {node.name}({arg.arg}) has no type"
+                    for arg in arguments
+                    if "config" in arg.arg and arg.annotation is None
+                ]
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in OTHER_SECTIONS
+                and isinstance(node.value, ast.Name)
+                and "config" in node.value.id
+            ):
+                found.append(f"{path.name}:{node.lineno}: reads {node.value.id}.{node.attr}")
+    assert not found, "\n".join(found)
+
+
+def test_no_import_circle_inside_the_package():
+    """Module-level imports form no circle (imports inside functions included: a circle cut
+    by a deferred import is still a circle)."""
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        graph[module.removesuffix(".__init__")] = {
+            target for target in imports(path) if target != module
+        }
+    modules = set(graph)
+    graph = {m: {t for t in targets if t in modules} for m, targets in graph.items()}
+    circles, state = [], {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                circles.append(" → ".join(trail[trail.index(target) :] + [module, target]))
+            elif target not in state:
+                visit(target, trail + [module])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not circles, "\n".join(sorted(set(circles)))

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.readers import (
     DROP,
     ROW_ID,
@@ -43,17 +44,17 @@ STREAM_BLOCK_BYTES = 4 * 1024**2
 __all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows"]
 
 
-def corpus_columns(data_config) -> list[str]:
+def corpus_columns(data_config: DataConfig) -> list[str]:
     if data_config.kind == "sentences":
         return [data_config.text_column]
     return [data_config.anchor_column, data_config.positive_column]
 
 
-def text_rules(data_config) -> TextRows:
+def text_rules(data_config: DataConfig) -> TextRows:
     return TextRows(corpus_columns(data_config), data_config.group_column, data_config.max_chars)
 
 
-def corpus_path(data_config) -> str | list[str]:
+def corpus_path(data_config: DataConfig) -> str | list[str]:
     return data_config.path or shipped_corpus("wiki_sentences.txt")
 
 
@@ -184,13 +185,13 @@ def listed_and_small(specs: list[str], hf_split: str) -> bool:
     return files.total_bytes <= SMALL_CORPUS_BYTES
 
 
-def check_small_corpus(config, fills_a_step: bool = True) -> None:
+def check_small_corpus(data: DataConfig, step_rows: int | None = None, step: str = "") -> None:
     """Every corpus is listed before Ray starts, and a local one small enough to count in a
-    second or two is counted, so one that cannot fill a single step fails at once instead of
-    inside the Train workers. Larger or remote corpora are not read here (no driver pass): the
-    workers' loop says the same if the stream runs dry before the first step.
-    `fills_a_step=False` (a search whose batch size is searched): read, not counted."""
-    data = config.data
+    second or two is counted, so one that cannot fill a single step of `step_rows` rows (`step`
+    says how the settings make them) fails at once instead of inside the Train workers. Larger
+    or remote corpora are not read here (no driver pass): the workers' loop says the same if
+    the stream runs dry before the first step. `step_rows` None (a search whose batch size is
+    searched): read, not counted."""
     path = corpus_path(data)
     specs = [path] if isinstance(path, str) else list(path)
     if not listed_and_small(specs, data.hf_split):
@@ -200,16 +201,12 @@ def check_small_corpus(config, fills_a_step: bool = True) -> None:
         specs, rules.columns, rules.group_column, data.hf_split, data.deduplicate,
         data.max_rows, data.max_chars,
     )  # fmt: skip
-    if not fills_a_step:
+    if step_rows is None:
         return
-    train = config.train
-    per_step = train.global_batch * train.gradient_accumulation_steps
     kept = len(rows[rules.fields[0]])
-    if kept < per_step:
+    if kept < step_rows:
         raise CorpusError(
-            f"{path}: {kept} usable rows cannot fill one step of {per_step} (train.num_workers "
-            f"{train.max_workers} × train.batch_size {train.batch_size} × "
-            f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}); "
+            f"{path}: {kept} usable rows cannot fill one step of {step_rows} ({step}); "
             f"{report.summary()}"
         )
 

@@ -1,12 +1,17 @@
-"""One stream of global batches for the whole worker group; each rank takes its slice.
+"""The cut of a run's stream into global batches, and the streamed path's feeder.
 
-A run has one `GlobalBatchFeeder` actor (started by rank 0, on rank 0's node, and gone with
-it). It reads the epoch's rows once, in the order of data/epoch_order.py, from wherever the
-source says (data/stream.py: Ray Data tasks on the cluster's CPUs, or blocks in the object
-store), and cuts them into global batches of exactly `global_batch` rows. Global batch k is the
-same rows for any number of workers W: rank r takes rows [r·G/W, (r+1)·G/W) of it, put in the
-object store for that rank alone, so each row is read, cleaned and tokenised once per epoch
-and crosses the network once more, to the rank that trains it.
+`BatchPlan` and `split_rows` are shared by both ways a rank gets its rows: global batch k is
+the same G rows for any number of workers W, and rank r takes rows `split_rows(G, W, r)` of
+it (⌊G/W⌋ or ⌈G/W⌉ rows, so any W in an elastic range trains the same batch).
+
+For a streamed corpus (data/stream.py, no prepare pass) a run has one `GlobalBatchFeeder`
+actor (started by rank 0, on rank 0's node, and gone with it). It reads the epoch's rows once,
+in the order of data/epoch_order.py, from wherever the source says (Ray Data tasks on the
+cluster's CPUs, or blocks in the object store), cuts them into global batches of exactly
+`global_batch` rows and puts each rank's slice in the object store for that rank alone, so
+each row is read, cleaned and tokenised once per epoch and crosses the network once more, to
+the rank that trains it. Indexed shards need no feeder: each rank reads its own rows
+(data/rank_batches.py).
 
 Every batch comes with the `DataPosition` after it; a checkpoint keeps that position (five
 integers), and a resumed or resized group asks the feeder for the stream from there.
@@ -33,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.epoch_order import BLOCK, DataPosition, EpochOrder, places_in_blocks
 from distributed_emb.data.tokenize import IDS_SUFFIX
 
@@ -54,23 +60,29 @@ class BatchPlan:
     max_rows: int | None = None  # clean rows per epoch (data.max_rows)
 
 
-def batch_plan(config) -> BatchPlan:
-    """The cut of a training config's stream."""
+def batch_plan(data: DataConfig, global_batch: int) -> BatchPlan:
+    """The cut of a run's stream: `global_batch` (train.global_batch) and the data section's
+    order settings."""
     from distributed_emb.data.corpus import corpus_columns
 
     return BatchPlan(
-        global_batch=config.train.global_batch,
-        seed=config.data.shuffle_seed,
-        length_group=max(1, config.data.length_group_batches),
-        length_columns=tuple(corpus_columns(config.data)),
-        max_rows=config.data.max_rows,
+        global_batch=global_batch,
+        seed=data.shuffle_seed,
+        length_group=max(1, data.length_group_batches),
+        length_columns=tuple(corpus_columns(data)),
+        max_rows=data.max_rows,
     )
 
 
 def split_rows(global_batch: int, world_size: int, rank: int) -> tuple[int, int]:
-    """Rank r's rows [start, stop) of a global batch (W divides G: config validation)."""
-    share = global_batch // world_size
-    return rank * share, (rank + 1) * share
+    """Rank r's contiguous rows [start, stop) of a global batch of G rows over W ranks: the
+    first G % W ranks take ⌈G/W⌉ rows, the others ⌊G/W⌋ (numpy.array_split's split), so any
+    W in an elastic range trains the same G. Rank 0 holds the largest slice."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not one of {world_size} ranks")
+    share, extra = divmod(global_batch, world_size)
+    start = rank * share + min(rank, extra)
+    return start, start + share + (1 if rank < extra else 0)
 
 
 def length_of_rows(table: pa.Table, columns: tuple[str, ...]) -> np.ndarray:
@@ -261,8 +273,10 @@ class GlobalBatchFeeder:
 
 
 def chunk_batches(global_batch: int, world_size: int) -> int:
-    """Global batches per chunk: enough that each rank's object holds ~CHUNK_ROWS rows."""
-    return max(1, CHUNK_ROWS // (global_batch // world_size))
+    """Global batches per chunk: enough that each rank's object holds ~CHUNK_ROWS rows (at
+    most: sized by the largest slice, rank 0's)."""
+    start, stop = split_rows(global_batch, world_size, 0)
+    return max(1, CHUNK_ROWS // max(1, stop - start))
 
 
 class _Stream:
@@ -328,6 +342,8 @@ class RankStream:
             asked.append(self.feeder.take.remote(start_dict, index, self.rank))
             index += 1
             rows = ray.get(ref)
+            # Every global batch of the chunk gives this rank the same split_rows slice, so the
+            # division is exact even where the ranks' slices differ (⌊G/W⌋ or ⌈G/W⌉ rows).
             share = rows.num_rows // len(positions)
             for k, position in enumerate(positions):
                 yield rows.slice(k * share, share), DataPosition.from_dict(position)

@@ -43,6 +43,7 @@ import pyarrow.fs as pafs
 from ray.data.datasource import BlockBasedFileDatasink
 
 from distributed_emb.errors import UserInputError
+from distributed_emb.storage import filesystem_of, join
 
 SHARD_SUFFIX = ".arrow"
 LENGTH = "_length"  # int32: a row's length for grouping (token ids; pairs: the longer side)
@@ -52,17 +53,6 @@ RECORD_BATCH_ROWS = 8192  # rows per IPC record batch (an mmap'd take does not c
 
 class ShardIndexError(UserInputError):
     """A prepared directory whose shards are missing, unreadable or not what its index says."""
-
-
-def filesystem_of(location: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path) of a local path or a URI."""
-    if "://" in location:
-        return pafs.FileSystem.from_uri(location)
-    return pafs.LocalFileSystem(), location
-
-
-def join(location: str, name: str) -> str:
-    return f"{location.rstrip('/')}/{name}"
 
 
 class IpcShardSink(BlockBasedFileDatasink):

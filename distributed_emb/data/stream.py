@@ -1,17 +1,14 @@
-"""The one entry point from training into data/: `training_stream(config)`.
+"""Streamed sources: a corpus read as it streams, in the epoch's order, with no prepare pass.
 
-It decides where a run's rows come from (the text corpus, cleaned and optionally tokenised on
-the cluster, or the committed token cache, data/token_cache.py), counts them when the schedule
-needs it, and returns a `TrainingStream`: a picklable *source* that reads any epoch from any
-position (data/epoch_order.py), which the run's one feeder actor turns into global batches
-(data/global_batches.py).
-
-Sources:
 - `FileSource`: files read by Ray Data tasks, one task per file, in the epoch's order
-  (`preserve_order`), then cleaned with exact drop counts (data/corpus.py), optionally
-  de-duplicated and tokenised. A resumed epoch opens no file before its position.
-- `BlockSource`: blocks already in the object store (a Tune search reads the corpus once for
-  all its trials); each block is one unit of the order.
+  (`preserve_order`, data/epoch_order.py), then cleaned with exact drop counts
+  (data/corpus.py), optionally de-duplicated and tokenised; served to the ranks by the run's
+  feeder actor (data/global_batches.py). A resumed epoch opens no file before its position.
+- `BlockSource`: blocks already in the object store (a Tune search that cannot share a token
+  cache reads the corpus once for all its trials); each block is one unit of the order.
+
+`training_dataset` is the same clean corpus in file order, for the token cache's prepare pass
+(data/token_cache.py). Which source a run trains on is decided in data/training_stream.py.
 """
 
 from __future__ import annotations
@@ -31,11 +28,10 @@ from distributed_emb.data.corpus import (
     KeepCleanRows,
     KeepFirstCopies,
     _with_text_key,
-    collect_report,
     corpus_path,
-    start_drop_counter,
     text_rules,
 )
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.epoch_order import (
     BLOCK,
     SEQUENCE,
@@ -44,7 +40,6 @@ from distributed_emb.data.epoch_order import (
     ordered_block,
     read_plan,
 )
-from distributed_emb.data.global_batches import BatchPlan
 from distributed_emb.data.readers import (
     DROP,
     WHERE,
@@ -53,7 +48,6 @@ from distributed_emb.data.readers import (
     read_unit_blocks,
 )
 from distributed_emb.data.sources import CorpusFiles, resolve_sources
-from distributed_emb.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -173,62 +167,11 @@ class BlockSource:
             yield ordered_block(table, order, unit, ordinal, 0)
 
 
-@dataclass
-class TrainingStream:
-    """What a run trains on: the source, its clean row count when the schedule needs one,
-    and how to get the drop report once the run has read it."""
-
-    source: FileSource | BlockSource
-    rows: int | None
-    pretokenised: bool
-    report: object = None  # a DropReport known up front (a token cache), else None
-    counter: object = None  # the DropCounter actor to collect the report from
-
-    def identity(self, plan: BatchPlan) -> dict:
-        """What a position of this stream indexes (kept beside it in every checkpoint): a
-        position applied to a stream with another identity would train other rows."""
-        return {
-            "rows": self.source.fingerprint,
-            "seed": plan.seed,
-            "global_batch": plan.global_batch,
-            "length_group": plan.length_group,
-            "max_rows": plan.max_rows,
-        }
-
-    def corpus_report(self):
-        if self.report is not None:
-            return self.report
-        return collect_report(self.counter) if self.counter is not None else None
-
-
-class StreamChangedError(UserInputError):
-    """A checkpoint's data position belongs to another stream than the one the run builds."""
-
-
-def check_same_stream(stored: dict | None, current: dict, where: str) -> None:
-    """Refuse to apply a position taken on stream `stored` to stream `current`, naming what
-    changed (a checkpoint from before positions carried their stream: nothing to compare)."""
-    if not stored:
-        return
-    changed = [
-        f"{key} {stored.get(key)!r} → {current.get(key)!r}"
-        for key in sorted(set(stored) | set(current))
-        if stored.get(key) != current.get(key)
-    ]
-    if changed:
-        raise StreamChangedError(
-            f"{where}: its data position indexes another stream than this run's "
-            f"({'; '.join(changed)}); a resume would train other rows than the checkpoint "
-            f"says. Restore the data settings (data.*, the token cache) or start a new run "
-            f"(--overwrite or another output.run_name)"
-        )
-
-
 def _digest(parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def text_source(data_config, counter, stages: list[dict] | None = None) -> FileSource:
+def text_source(data_config: DataConfig, counter, stages: list[dict] | None = None) -> FileSource:
     """The text corpus of `data_config` as a FileSource."""
     files = resolve_sources(corpus_path(data_config), data_config.hf_split)
     log.info("corpus: %s", files.describe())
@@ -243,7 +186,7 @@ def text_source(data_config, counter, stages: list[dict] | None = None) -> FileS
     )
 
 
-def training_dataset(data_config, counter):
+def training_dataset(data_config: DataConfig, counter):
     """The clean corpus in file order as a lazy Ray Dataset {columns..., _row_id}, limited to
     `data.max_rows`: one pass for the token cache's build and a Tune search's shared blocks.
     Nothing is read here: reading starts when the dataset is consumed."""
@@ -253,31 +196,9 @@ def training_dataset(data_config, counter):
     return dataset
 
 
-def training_stream(config, search: bool = False) -> TrainingStream:
-    """The run's stream: the token cache's indexed shards when the cache is on (built now if
-    needed; every rank reads its own rows), else the text corpus, cleaned on the cluster and
-    tokenised there when `data.tokenize_in` says so, through the run's feeder."""
-    from distributed_emb.data.rank_batches import IndexedSource
-    from distributed_emb.data.token_cache import token_shards  # it builds with Ray Data
-    from distributed_emb.data.tokenize import tokenize_stage
-
-    shards = token_shards(config, search=search)
-    if shards is not None:
-        rows = shards.rows if config.train.max_steps is None else None
-        source = IndexedSource(shards.index)
-        return TrainingStream(source, rows, pretokenised=True, report=shards.report)
-    counter = start_drop_counter()
-    stage = tokenize_stage(config)
-    source = text_source(config.data, counter, [stage] if stage else [])
-    rows = count_rows(config, source)
-    return TrainingStream(source, rows, pretokenised=stage is not None, counter=counter)
-
-
-def count_rows(config, source) -> int | None:
-    """The corpus's clean row count when the schedule needs it; None for a stream whose run
-    length is `train.max_steps` (counting means one full read pass before the first step)."""
-    if config.train.max_steps is not None:
-        return None
+def count_rows(data: DataConfig, source: FileSource | BlockSource) -> int:
+    """The corpus's clean row count (at most `data.max_rows`): one full read pass, which the
+    schedule needs when the run's length is whole epochs."""
     log.info("counting the corpus (one read pass; set train.max_steps to start at once)")
     if isinstance(source, BlockSource):
         import ray  # startup
@@ -286,6 +207,6 @@ def count_rows(config, source) -> int | None:
         rows = sum(BlockAccessor.for_block(ray.get(b)).num_rows() for b in source.blocks)
     else:
         rows = dataclasses.replace(source, stages=[]).dataset(None).count()
-    if config.data.max_rows is not None:
-        rows = min(rows, config.data.max_rows)
+    if data.max_rows is not None:
+        rows = min(rows, data.max_rows)
     return rows

@@ -43,32 +43,27 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from transformers import AutoTokenizer
 
-from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.data.corpus import (
     collect_report,
     corpus_columns,
     corpus_path,
     start_drop_counter,
 )
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.global_batches import length_of_rows
-from distributed_emb.data.indexed_shards import (
-    LENGTH,
-    IpcShardSink,
-    ShardIndex,
-    filesystem_of,
-    join,
-)
+from distributed_emb.data.indexed_shards import LENGTH, IpcShardSink, ShardIndex
 from distributed_emb.data.readers import DropReport
 from distributed_emb.data.sources import resolve_sources
 from distributed_emb.data.stream import training_dataset
+from distributed_emb.data.stream_settings import StreamSettings
 from distributed_emb.data.tokenize import tokenize_arguments, tokenize_in_ray_data
 from distributed_emb.errors import UserInputError
+from distributed_emb.storage import filesystem_of, join, read_text, write_text
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +106,16 @@ def searched_key_settings(space) -> list[str]:
     return [key for key in space if key.startswith(KEY_SETTINGS)]
 
 
-def token_cache_enabled(config, search: bool = False) -> bool:
+def token_cache_enabled(data: DataConfig, stream: StreamSettings, search: bool = False) -> bool:
     """`data.token_cache`: on, off, or auto. Auto writes the shards where tokenising once is
     cheaper than what the run would do without them: a Tune search (every trial reads the
     corpus), and a run that tokenises in Ray Data and reads the whole corpus anyway
     (`train.max_steps` unset: the schedule needs a counting pass, which the build replaces).
     A `max_steps` run on a huge stream, or a CPU run tokenising in its workers, starts at once
     instead."""
-    choice = config.data.token_cache
-    if choice != "auto":
-        return choice == "on"
-    return search or (tokenize_in_ray_data(config) and config.train.max_steps is None)
-
-
-def cache_root(config) -> str:
-    """`data.token_cache_dir`, else `token_cache` under the run's storage path."""
-    if config.data.token_cache_dir:
-        root = config.data.token_cache_dir
-    elif config.output.storage_path:
-        root = f"{config.output.storage_path.rstrip('/')}/token_cache"
-    else:
-        root = str(Path(config.output.dir).resolve() / "ray_results" / "token_cache")
-    return root if "://" in root else str(Path(root).expanduser().resolve())
+    if data.token_cache != "auto":
+        return data.token_cache == "on"
+    return search or (tokenize_in_ray_data(data, stream) and stream.max_steps is None)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -155,7 +138,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def corpus_fingerprint(data_config) -> list[list]:
+def corpus_fingerprint(data_config: DataConfig) -> list[list]:
     """[path, size, modification time in ns] of every corpus file, in reading order. The
     listing is names and metadata only (no contents), as for reading."""
     files = resolve_sources(corpus_path(data_config), data_config.hf_split)
@@ -169,11 +152,10 @@ def corpus_fingerprint(data_config) -> list[list]:
     return [[f.path, f.size, mtimes.get(f.path)] for f in files.files]
 
 
-def cache_key(config) -> dict:
+def cache_key(data: DataConfig, stream: StreamSettings) -> dict:
     """Everything the cached ids depend on (see the module docstring)."""
-    data = config.data
     tokenizer = AutoTokenizer.from_pretrained(
-        config.model_path, trust_remote_code=config.model.trust_remote_code
+        stream.tokenizer, trust_remote_code=stream.trust_remote_code
     )
     return {
         "format": CACHE_FORMAT,
@@ -187,8 +169,8 @@ def cache_key(config) -> dict:
             "deduplicate": data.deduplicate,
             "max_rows": data.max_rows,
         },
-        "tokenizer": {"name": config.model_path, "sha256": tokenizer_fingerprint(tokenizer)},
-        "max_seq_length": config.model.max_seq_length,
+        "tokenizer": {"name": stream.tokenizer, "sha256": tokenizer_fingerprint(tokenizer)},
+        "max_seq_length": stream.max_seq_length,
     }
 
 
@@ -196,28 +178,10 @@ def key_id(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _read_text(location: str) -> str | None:
-    filesystem, path = filesystem_of(location)
-    if filesystem.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with filesystem.open_input_stream(path) as handle:
-        return handle.read().decode()
-
-
-def _write_text(location: str, text: str) -> None:
-    """Whole or not at all: an atomic rename on a local disk, one PUT on an object store."""
-    if "://" not in location:
-        write_text_atomic(location, text)
-        return
-    filesystem, path = filesystem_of(location)
-    with filesystem.open_output_stream(path) as handle:
-        handle.write(text.encode())
-
-
 def committed_shards(directory: str) -> TokenShards | None:
     """The committed build in one key's directory, or None when there is none yet."""
     commit_path = join(directory, COMMIT_FILE)
-    text = _read_text(commit_path)
+    text = read_text(commit_path)
     if text is None:
         return None
     try:
@@ -240,22 +204,24 @@ def _with_length(table: pa.Table, columns: tuple[str, ...]) -> pa.Table:
     return table.append_column(LENGTH, pa.array(length_of_rows(table, columns), pa.int32()))
 
 
-def build_shards(config, directory: str, key: dict) -> TokenShards:
+def build_shards(
+    data: DataConfig, stream: StreamSettings, directory: str, key: dict
+) -> TokenShards:
     """One Ray Data pass: read → clean → tokenise → indexed shards under a fresh name, then
     commit (the index is read from the shards' footers)."""
-    stage = tokenize_arguments(config)
+    stage = tokenize_arguments(data, stream)
     name = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}"
     target = join(directory, name)
     filesystem, path = filesystem_of(target)
     filesystem.create_dir(path, recursive=True)
-    _write_text(join(directory, KEY_FILE), json.dumps(key, indent=1))
+    write_text(join(directory, KEY_FILE), json.dumps(key, indent=1))
     started = time.perf_counter()
     counter = start_drop_counter()
-    dataset = training_dataset(config.data, counter)
+    dataset = training_dataset(data, counter)
     dataset = dataset.map_batches(stage.pop("fn"), **stage)
     dataset = dataset.map_batches(
         _with_length,
-        fn_kwargs={"columns": tuple(corpus_columns(config.data))},
+        fn_kwargs={"columns": tuple(corpus_columns(data))},
         batch_size=None,
         batch_format="pyarrow",
     )
@@ -273,7 +239,7 @@ def build_shards(config, directory: str, key: dict) -> TokenShards:
         "corpus": report.as_dict(),
         "key_id": key_id(key),
     }
-    _write_text(join(directory, COMMIT_FILE), json.dumps(commit, indent=1))
+    write_text(join(directory, COMMIT_FILE), json.dumps(commit, indent=1))
     log.info(
         "token cache: tokenised %d rows in %.1f s into %d shards under %s", index.rows,
         time.perf_counter() - started, len(index.shards), target,
@@ -281,15 +247,17 @@ def build_shards(config, directory: str, key: dict) -> TokenShards:
     return TokenShards(index, report, built=True)
 
 
-def token_shards(config, search: bool = False) -> TokenShards | None:
+def token_shards(
+    data: DataConfig, stream: StreamSettings, search: bool = False
+) -> TokenShards | None:
     """The run's tokenised shards: reused when a build with this key is committed, else built
     now. None when the cache is off for this run (`token_cache_enabled`). Ray must be up."""
-    if not token_cache_enabled(config, search):
+    if not token_cache_enabled(data, stream, search):
         return None
-    key = cache_key(config)
-    directory = join(cache_root(config), key_id(key))
+    key = cache_key(data, stream)
+    directory = join(stream.token_cache_root, key_id(key))
     shards = committed_shards(directory)
     if shards is not None:
         log.info("token cache: reusing %d tokenised rows from %s", shards.rows, shards.directory)
         return shards
-    return build_shards(config, directory, key)
+    return build_shards(data, stream, directory, key)

@@ -20,6 +20,8 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from distributed_emb.data.corpus import corpus_columns
+from distributed_emb.data.data_config import DataConfig
+from distributed_emb.data.stream_settings import StreamSettings
 
 IDS_SUFFIX = "__ids"
 TRUNCATED_SUFFIX = "__truncated"
@@ -131,30 +133,29 @@ def tokenize_columns(
     return table
 
 
-def tokenize_in_ray_data(config) -> bool:
+def tokenize_in_ray_data(data: DataConfig, stream: StreamSettings) -> bool:
     """`data.tokenize_in`: auto tokenises in Ray Data on GPU runs (where one worker thread
     cannot keep up) and in the worker on CPU runs (where a step costs ~100× the tokenising)."""
-    choice = config.data.tokenize_in
-    return config.train.use_gpu if choice == "auto" else choice == "ray_data"
+    choice = data.tokenize_in
+    return stream.use_gpu if choice == "auto" else choice == "ray_data"
 
 
-def tokenize_stage(config) -> dict | None:
-    """The map_batches arguments of the per-rank stage for a training config, or None when
+def tokenize_stage(data: DataConfig, stream: StreamSettings) -> dict | None:
+    """The map_batches arguments of the stage that tokenises a streamed corpus, or None when
     the workers tokenise."""
-    return tokenize_arguments(config) if tokenize_in_ray_data(config) else None
+    return tokenize_arguments(data, stream) if tokenize_in_ray_data(data, stream) else None
 
 
-def tokenize_arguments(config) -> dict:
-    """map_batches arguments that tokenise a config's corpus columns ({"fn": ..., ...})."""
-
+def tokenize_arguments(data: DataConfig, stream: StreamSettings) -> dict:
+    """map_batches arguments that tokenise the corpus columns ({"fn": ..., ...})."""
     return {
         "fn": tokenize_columns,
         "fn_kwargs": {
-            "tokenizer_path": config.model_path,
-            "max_seq_length": config.model.max_seq_length,
-            "columns": corpus_columns(config.data),
-            "trust_remote_code": config.model.trust_remote_code,
+            "tokenizer_path": stream.tokenizer,
+            "max_seq_length": stream.max_seq_length,
+            "columns": corpus_columns(data),
+            "trust_remote_code": stream.trust_remote_code,
         },
-        "batch_size": config.data.tokenize_batch_rows,
+        "batch_size": data.tokenize_batch_rows,
         "batch_format": "pyarrow",
     }

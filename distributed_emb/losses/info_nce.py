@@ -1,10 +1,11 @@
 """InfoNCE over the global batch (SimCSE / InforMin-CL's L_C).
 
 Inputs on each rank: z1, z2 of shape (B, d): two views of the same B sentences (or the anchor
-and positive of B pairs). Candidates for row i are all W·B second views gathered from every
-worker (with gradients); the positive of local row i sits at column rank·B + i.
+and positive of B pairs). Candidates for row i are all G = Σ_r B_r second views gathered from
+every worker (with gradients; the workers' B_r may differ by one, data/global_batches.py
+split_rows); the positive of local row i sits at column o + i, o = B_0 + … + B_{rank−1}.
 
-    s_ij = cos(z1_i, z2_j) / τ,   L_C = mean_i CE(s_i, rank·B + i)
+    s_ij = cos(z1_i, z2_j) / τ,   L_C = mean_i CE(s_i, o + i)
 
 Optional `groups` (B,) of ints marks rows that must not be each other's negatives (pairs mined
 from the same document): their off-positive logits are masked to −inf.
@@ -29,15 +30,16 @@ def info_nce_loss(
 ) -> torch.Tensor:
     batch = z1.shape[0]
     if gather:
-        candidates = distributed.gather_with_grad(z2)  # (W·B, d)
-        offset = distributed.rank() * batch
+        sizes = distributed.gather_sizes(batch)  # every rank's B_r, once for both gathers
+        candidates = distributed.gather_with_grad(z2, sizes)  # (G, d)
+        offset = distributed.row_offset(sizes)
     else:
-        candidates, offset = z2, 0
-    logits = F.normalize(z1, dim=-1) @ F.normalize(candidates, dim=-1).T / temperature  # (B, W·B)
+        sizes, candidates, offset = None, z2, 0
+    logits = F.normalize(z1, dim=-1) @ F.normalize(candidates, dim=-1).T / temperature  # (B, G)
     labels = torch.arange(batch, device=z1.device) + offset  # (B,)
     if groups is not None:
-        all_groups = distributed.gather_no_grad(groups) if gather else groups  # (W·B,)
-        same_group = groups[:, None] == all_groups[None, :]  # (B, W·B)
+        all_groups = distributed.gather_no_grad(groups, sizes) if gather else groups  # (G,)
+        same_group = groups[:, None] == all_groups[None, :]  # (B, G)
         same_group[torch.arange(batch, device=z1.device), labels] = False
         logits = logits.masked_fill(same_group, float("-inf"))
     return F.cross_entropy(logits, labels)

@@ -1,8 +1,9 @@
 """Masked-language-modelling auxiliary loss (SimCSE's optional β·L_MLM).
 
 Input: MLM logits (B, L, V) and labels (B, L) with −100 at unmasked positions. The mean is over
-this rank's masked tokens; with DDP averaging, ranks with unequal masked-token counts are
-weighted equally (the difference from a global token mean is negligible at 15% masking).
+this rank's masked tokens; the step weights each rank's loss by its share of the global batch
+(train/step.py rank_weight), so ranks count by rows, not by masked tokens (the difference from
+a global token mean is negligible at 15% masking).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from torch import nn
 
 from distributed_emb import distributed
 from distributed_emb.config import TrainLoopConfig, merge_trees
+from distributed_emb.data.global_batches import split_rows
 from distributed_emb.train.checkpointing import (
     MODEL_FILE,
     load_encoder_weights,
@@ -82,8 +83,13 @@ def load_weights_only(path: str, map_location=None):
 
 
 def deepspeed_config(train_config: TrainLoopConfig) -> dict:
+    # DeepSpeed wants train_batch_size = micro × accumulation × W with one micro-batch size on
+    # every rank, which W ranks holding ⌊G/W⌋ or ⌈G/W⌉ rows cannot meet exactly; both are only
+    # its bookkeeping (our steps weight the loss themselves: train/step.py rank_weight), so the
+    # micro-batch is the largest slice, rank 0's, the same number on every rank.
+    start, stop = split_rows(train_config.global_batch, distributed.world_size(), 0)
     config = {
-        "train_micro_batch_size_per_gpu": train_config.batch_size,
+        "train_micro_batch_size_per_gpu": stop - start,
         "gradient_accumulation_steps": train_config.gradient_accumulation_steps,
         "gradient_clipping": train_config.max_grad_norm or 0.0,
         "zero_optimization": {"stage": train_config.deepspeed.zero_stage},

@@ -34,7 +34,8 @@ needed there: both passes must consume the RNG identically, or the MLM dropout o
 would reuse the random numbers that mini-batch j+1's view masks are drawn from.
 
 Cost: one extra no-grad forward per sentence (≈ +30–40% compute over a plain step); memory
-is that of one m-row mini-batch plus (B, d) cached embeddings and the (B, W·B) logits.
+is that of one m-row mini-batch plus (B, d) cached embeddings and the (B, G) logits (G: the
+global batch).
 
 Engines:
 - DDP: only the last mini-batch's backward all-reduces; the others run in `no_sync()`, so
@@ -66,10 +67,11 @@ import contextlib
 import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 
+from distributed_emb import distributed
 from distributed_emb.losses.mlm import mlm_loss
 from distributed_emb.losses.objective import LossConfig, add_mlm_term, embedding_objective
 from distributed_emb.train.engine import Engine
-from distributed_emb.train.step import _full_precision
+from distributed_emb.train.step import _full_precision, global_means, rank_weight
 
 MLM_KEYS = ("mlm_input_ids", "mlm_attention_mask", "mlm_labels")
 
@@ -137,6 +139,17 @@ def split_mini_batches(
     return mini_batches
 
 
+def _filler(mini: dict[str, torch.Tensor], use_mlm: bool) -> dict[str, torch.Tensor]:
+    """A one-sentence mini-batch (the first of `mini`, both views) with no masked MLM token, so
+    it can be run for the collectives it makes and add nothing to the loss."""
+    both = [0, mini["input_ids"].shape[0] // 2]
+    filler = {"input_ids": mini["input_ids"][both], "attention_mask": mini["attention_mask"][both]}
+    if use_mlm:
+        filler.update({key: mini[key][:1] for key in MLM_KEYS})
+        filler["mlm_labels"] = torch.full_like(filler["mlm_labels"], -100)
+    return filler
+
+
 def _trim_padding(tensors: dict[str, torch.Tensor], mask_key: str) -> dict[str, torch.Tensor]:
     real = tensors[mask_key].any(dim=0).nonzero()
     length = int(real.max()) + 1 if real.numel() else 1
@@ -172,52 +185,69 @@ def cached_step(
     exists only so a test can show the replay matters: never use it to train.
     """
     use_mlm = weights.mlm_weight > 0 and "mlm_input_ids" in batch
+    sizes = distributed.gather_sizes(batch["input_ids"].shape[0] // 2)  # every rank's B_r
     mini_batches = split_mini_batches(batch, mini_batch_size, use_mlm)
+    sentences = [mini["input_ids"].shape[0] // 2 for mini in mini_batches]
+    # Every rank runs as many mini-batches as the one with the most rows: under ZeRO-2/3 each
+    # forward and backward makes collectives. A rank whose slice is a row shorter makes up the
+    # count with a filler, its first sentence again, which adds nothing to the gradient.
+    fillers = -(-max(sizes) // mini_batch_size) - len(mini_batches)
+    mini_batches += [_filler(mini_batches[0], use_mlm)] * fillers
+    sentences += [0] * fillers
 
     # 1. Embed without a graph, remembering the RNG state each mini-batch started from.
     rng_states, view1, view2 = [], [], []
     with torch.no_grad():
-        for mini in mini_batches:
+        for mini, rows in zip(mini_batches, sentences, strict=True):
             rng_states.append(RandContext(mini["input_ids"]))
             with engine.autocast():
                 z, _ = forward_mini_batch(engine.forward_module, mini, use_mlm)  # (2m, d)
             z1, z2 = _full_precision(z).chunk(2)
-            view1.append(z1)
-            view2.append(z2)
+            view1.append(z1[:rows])
+            view2.append(z2[:rows])
 
-    # 2. The full objective on the cached embeddings, and its gradient w.r.t. each of them.
+    # 2. The full objective on the cached embeddings, and its gradient w.r.t. each of them,
+    # weighted as the plain step weights its loss (unequal slices: step.rank_weight).
     z1 = torch.cat(view1).requires_grad_()  # (B, d) leaf
     z2 = torch.cat(view2).requires_grad_()  # (B, d) leaf
+    weight = rank_weight(sizes)
     with engine.autocast():
         loss, metrics = embedding_objective(
             z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors")
         )
-    grad_z1, grad_z2 = torch.autograd.grad(loss, [z1, z2])  # the gather's backward all-reduces
+    # The gather's backward all-reduces.
+    grad_z1, grad_z2 = torch.autograd.grad(loss * weight, [z1, z2])
 
     # 3. Re-run each mini-batch with its dropout masks and push the cached gradients through.
     masked_total = int((batch["mlm_labels"] != -100).sum()) if use_mlm else 0
     mlm_weighted = torch.zeros((), dtype=z1.dtype, device=z1.device)
     start = 0
-    for index, (mini, rng) in enumerate(zip(mini_batches, rng_states, strict=True)):
+    for index, (mini, rows, rng) in enumerate(
+        zip(mini_batches, sentences, rng_states, strict=True)
+    ):
         last = index == len(mini_batches) - 1
-        stop = start + mini["input_ids"].shape[0] // 2
-        cached_grad = torch.cat([grad_z1[start:stop], grad_z2[start:stop]])  # (2m, d)
+        stop = start + rows
         with engine.mini_batch_scope(last=last, synchronise=sync and last):
             with rng if replay_rng else contextlib.nullcontext():
                 with engine.autocast():
                     z, logits = forward_mini_batch(engine.forward_module, mini, use_mlm)
-            surrogate = (_full_precision(z) * cached_grad).sum()  # ∂surrogate/∂z = ∂loss/∂z
+            z = _full_precision(z)
+            if rows:
+                cached_grad = torch.cat([grad_z1[start:stop], grad_z2[start:stop]])  # (2m, d)
+                surrogate = (z * cached_grad).sum()  # ∂surrogate/∂z = ∂loss/∂z
+            else:  # a filler: in the graph (DDP expects every parameter), with no gradient
+                surrogate = z.sum() * 0.0
             if use_mlm:
                 mlm = mlm_loss(_full_precision(logits), mini["mlm_labels"])
                 # Token-count weights make Σ_j the mean over all N masked tokens (plain step).
                 share = (
                     int((mini["mlm_labels"] != -100).sum()) / masked_total if masked_total else 0.0
                 )
-                surrogate = surrogate + weights.mlm_weight * share * mlm
+                surrogate = surrogate + weight * weights.mlm_weight * share * mlm
                 mlm_weighted = mlm_weighted + share * mlm.detach()
             engine.mini_batch_backward(surrogate, last)
         start = stop
 
     loss = add_mlm_term(loss.detach(), metrics, mlm_weighted if use_mlm else None, weights)
     metrics["loss"] = loss.detach()
-    return metrics
+    return global_means(metrics, weight)

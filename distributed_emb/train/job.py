@@ -32,7 +32,13 @@ def check(config: TrainingConfig) -> None:
     check_compression_head(config)
     check_retrieval_data(config)
     prepare_run(config, dry_run=True)
-    check_small_corpus(config)
+    train = config.train
+    check_small_corpus(
+        config.data,
+        train.global_batch * train.gradient_accumulation_steps,
+        f"train.num_workers {train.max_workers} × train.batch_size {train.batch_size} × "
+        f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}",
+    )
 
 
 def check_storage(config: TrainingConfig) -> None:

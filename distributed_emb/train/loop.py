@@ -29,7 +29,9 @@ from distributed_emb.config import TrainingConfig, TrainLoopConfig, training_con
 from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
-from distributed_emb.data.global_batches import RankStream, batch_plan
+from distributed_emb.data.global_batches import batch_plan, split_rows
+from distributed_emb.data.rank_batches import open_rank_stream
+from distributed_emb.data.training_stream import check_same_stream
 from distributed_emb.evaluation.beir import RetrievalSplit, list_splits, read_splits, score_splits
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.compression_head import load_head
@@ -113,9 +115,9 @@ class WorkerRun:
         config = self.config = training_config_from_dict(self.config_dict)
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
-        # An elastic group of any size trains the same global batch: this worker's share.
-        config.train.batch_size = config.train.global_batch // self.world
-        config.train.num_workers = self.world
+        # An elastic group of any size trains the same global batch G = train.global_batch, so
+        # the config keeps num_workers and batch_size as declared (W need not divide G, and no
+        # W × rows would give G): this worker's rows are split_rows' ⌊G/W⌋ or ⌈G/W⌉.
         torch.set_num_threads(worker_threads(config))
         # A different seed per rank: each worker's dropout masks must differ.
         torch.manual_seed(config.train.seed + self.rank)
@@ -136,10 +138,14 @@ class WorkerRun:
         # each batch's targets, computed before the step (train/teacher.py).
         self.teacher = Teacher(config, self.device) if self.weights.needs_teacher else None
         self.accumulation = config.train.gradient_accumulation_steps
-        self.step_fn = _step_function(config)
+        self.step_fn = _step_function(config, self.world)
 
         self.state = LoopState()
         self._restore()
+        # What the data position indexes; a checkpoint of another stream is refused (the
+        # driver checks first, before Ray Train starts; this covers Ray Train's own restarts).
+        check_same_stream(self.state.stream, loop_config["stream"], "the restored checkpoint")
+        self.state.stream = loop_config["stream"]
 
         # eval.retrieval_dir's splits, read once: every evaluation searches them again.
         self.retrieval = retrieval_splits(config)
@@ -147,11 +153,15 @@ class WorkerRun:
         self.row_log = (
             TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
         )
-        # The run's one stream of global batches (data/global_batches.py); this rank's slices.
-        # Ray Data's share of the cluster is what Ray Train's reservation leaves (its
+        # The run's one stream of global batches; this rank's slices of them, read by the rank
+        # from indexed shards or served by the run's feeder (data/rank_batches.py). Ray Data's
+        # share of the cluster is what Ray Train's reservation leaves (its
         # AutoscalingCoordinator), in the feeder as in any process.
-        self.stream = RankStream.connect(
-            loop_config["source"], batch_plan(config), self.rank, self.world
+        self.stream = open_rank_stream(
+            loop_config["source"],
+            batch_plan(config.data, config.train.global_batch),
+            self.rank,
+            self.world,
         )
         self.progress = ProgressLog.for_worker(
             config, self.total_steps, self.world, self.rank, start_step=self.state.step
@@ -366,11 +376,11 @@ def _timed(batches: Iterable) -> Iterator[tuple[object, float]]:
         yield batch, time.perf_counter() - asked
 
 
-def _step_function(config: TrainingConfig):
-    if (
-        config.train.mini_batch_size is not None
-        and config.train.mini_batch_size < config.train.batch_size
-    ):
+def _step_function(config: TrainingConfig, world: int):
+    """GradCache when `train.mini_batch_size` is below this group's largest slice (⌈G/W⌉
+    rows: the same on every rank, so every rank takes the same step, as ZeRO needs)."""
+    begin, end = split_rows(config.train.global_batch, world, 0)
+    if config.train.mini_batch_size is not None and config.train.mini_batch_size < end - begin:
         return lambda engine, batch, weights, sync: cached_step(
             engine, batch, weights, config.train.mini_batch_size, sync
         )

@@ -84,7 +84,7 @@ class ProgressLog:
         output_dir = Path(config.output.dir) if enabled else None
         progress = cls(
             total_steps,
-            world_size * config.train.batch_size,
+            config.train.global_batch,
             enabled=enabled,
             log_every=config.logging.logging_steps,
             output_dir=output_dir,

@@ -30,7 +30,7 @@ from pathlib import Path
 from pyarrow import fs as pafs
 
 from distributed_emb.config import ConfigError, TrainingConfig, flatten, to_dict
-from distributed_emb.data.stream import check_same_stream
+from distributed_emb.data.training_stream import check_same_stream
 
 log = logging.getLogger(__name__)
 

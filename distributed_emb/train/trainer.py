@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.global_batches import batch_plan
-from distributed_emb.data.stream import TrainingStream, training_stream
+from distributed_emb.data.training_stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.embedder import Embedder
@@ -80,7 +80,7 @@ def build_trainer(
             "training": to_dict(config),
             "num_rows": stream.rows,
             "source": stream.source,
-            "stream": stream.identity(batch_plan(config)),
+            "stream": stream.identity(batch_plan(config.data, train.global_batch)),
         },
         scaling_config=ScalingConfig(
             # [min, max]: Ray Train's elastic worker group.
@@ -179,10 +179,11 @@ def run_training(
     run_name = prepare_run(config)
     output.mkdir(parents=True, exist_ok=True)
     if stream is None:
-        stream = training_stream(config)
+        stream = training_stream(config.data, config.stream_settings())
     # A checkpoint's data position must index this stream (a rebuilt or removed token cache,
     # other data settings): refused here, before Ray Train starts any worker.
-    check_resumed_stream(config, run_name, stream.identity(batch_plan(config)))
+    plan = batch_plan(config.data, config.train.global_batch)
+    check_resumed_stream(config, run_name, stream.identity(plan))
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
     trainer = build_trainer(
         config, stream, run_name, callbacks=callbacks, **planned_worker_cpus(config)

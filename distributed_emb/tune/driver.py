@@ -37,8 +37,9 @@ from ray.tune.search import BasicVariantGenerator
 from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter
 from distributed_emb.data.rank_batches import IndexedSource
-from distributed_emb.data.stream import BlockSource, TrainingStream, training_dataset
+from distributed_emb.data.stream import BlockSource, training_dataset
 from distributed_emb.data.token_cache import searched_key_settings, token_shards
+from distributed_emb.data.training_stream import TrainingStream
 from distributed_emb.resource_plan import (
     ClusterShape,
     PlanError,
@@ -382,7 +383,7 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     varied = searched_key_settings(space)
     if varied:
         log.info("token cache off: the search varies %s", ", ".join(varied))
-    shards = None if varied else token_shards(base, search=True)
+    shards = None if varied else token_shards(base.data, base.stream_settings(), search=True)
     if shards is not None:
         # Every trial's ranks read their own rows from the shards (data/rank_batches.py).
         stream = TrainingStream(

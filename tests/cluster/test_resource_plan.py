@@ -327,11 +327,11 @@ def test_never_fitting_run_fails_before_ray_train_starts(cluster, tmp_path, monk
     built = []
     monkeypatch.setattr(trainer, "build_trainer", lambda *a, **k: built.append(a))
 
-    from distributed_emb.data.stream import TrainingStream
+    from harness.tiny_run import unread_stream
 
     config = _config("train.num_workers=8", "train.max_steps=2", f"output.dir={tmp_path}")
     with pytest.raises(PlanError, match=r"train.num_workers=1"):
-        trainer.run_training(config, stream=TrainingStream(None, rows=64, pretokenised=False))
+        trainer.run_training(config, stream=unread_stream())
     assert built == []
 
 

@@ -3,17 +3,23 @@ data/epoch_order.py: the same batches for any number of workers, a position of a
 that resumes the sequence exactly, and each row read once per epoch.
 
 The order is checked against the single-process reference (`global_batches` over
-`local_epoch_tables`, no Ray); the feeder actor is checked against that reference with 1, 2
-and 3 ranks, the ranks played by this process.
+`local_epoch_tables`, no Ray); the feeder actor is checked against that reference with 1, 2,
+3 and 5 ranks (5 do not divide the global batch of 12), the ranks played by this process.
 """
 
 import json
 
+import numpy as np
 import pytest
 
 from distributed_emb.config import DataConfig
 from distributed_emb.data.epoch_order import DataPosition, EpochOrder
-from distributed_emb.data.global_batches import BatchPlan, global_batches
+from distributed_emb.data.global_batches import (
+    BatchPlan,
+    chunk_batches,
+    global_batches,
+    split_rows,
+)
 from distributed_emb.data.stream import local_epoch_tables, text_source
 
 LINES_PER_FILE = (150, 90, 61)
@@ -49,6 +55,34 @@ def reference(corpus, plan: BatchPlan, start: DataPosition):
         (batch.column("_row_id").to_pylist(), position)
         for batch, position in global_batches(tables, plan, start)
     ]
+
+
+def test_split_rows_cuts_any_global_batch_as_array_split_does():
+    for global_batch in range(1, 41):
+        for world in range(1, global_batch + 1):
+            spans = [split_rows(global_batch, world, rank) for rank in range(world)]
+            sizes = [stop - start for start, stop in spans]
+            assert sum(sizes) == global_batch
+            assert max(sizes) - min(sizes) <= 1
+            assert spans[0][0] == 0 and spans[-1][1] == global_batch
+            assert all(spans[r][1] == spans[r + 1][0] for r in range(world - 1))  # contiguous
+            expected = [len(part) for part in np.array_split(np.arange(global_batch), world)]
+            assert sizes == expected, (global_batch, world)  # the first G % W take one more
+    assert [split_rows(12, 5, rank) for rank in range(5)] == [
+        (0, 3),
+        (3, 6),
+        (6, 8),
+        (8, 10),
+        (10, 12),
+    ]
+    with pytest.raises(ValueError, match="rank 5 is not one of 5 ranks"):
+        split_rows(12, 5, 5)
+
+
+def test_chunks_hold_about_the_same_rows_whatever_the_split():
+    assert chunk_batches(4096, 2) == 1
+    assert chunk_batches(12, 5) == 2048 // 3  # sized by the largest slice, ⌈12/5⌉ rows
+    assert chunk_batches(2, 4) == 2048  # more ranks than rows: some slices are empty
 
 
 @pytest.mark.parametrize("length_group", [1, 3])
@@ -102,7 +136,7 @@ def test_one_feeder_serves_the_reference_order_to_any_number_of_ranks(ray_local,
 
     plan = BatchPlan(global_batch=12, seed=7)
     expected = reference(corpus, plan, DataPosition(epoch=1))
-    for world in (1, 2, 3):
+    for world in (1, 2, 3, 5):
         source = text_source(data_config(corpus), start_drop_counter())
         served, rows_read = _served(source, plan, world, DataPosition(epoch=1))
         assert served == expected, world

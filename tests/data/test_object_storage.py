@@ -98,14 +98,14 @@ def test_shards_on_object_storage_are_committed_and_reused(s3, ray_local, tmp_pa
         ],
     )
 
-    shards = token_shards(config)
+    shards = token_shards(config.data, config.stream_settings())
     assert shards.built and shards.rows == 80 and shards.directory.startswith(f"{bucket}/cache/")
     keys = s3.keys("distributed-emb-token-cache", "cache/")
     (commit,) = [key for key in keys if key.endswith(f"/{COMMIT_FILE}")]
     data_keys = [key for key in keys if "/data-" in key and key.endswith(".arrow")]
     assert data_keys and all(key.startswith(commit.rsplit("/", 1)[0]) for key in data_keys)
 
-    again = token_shards(config)
+    again = token_shards(config.data, config.stream_settings())
     assert not again.built and again.directory == shards.directory and again.rows == 80
     assert s3.keys("distributed-emb-token-cache", "cache/") == keys  # nothing written again
     # A rank reads the shards through its node's local copies, in the order asked.

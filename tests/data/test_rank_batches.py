@@ -19,7 +19,11 @@ from distributed_emb.data.indexed_shards import (
 )
 from distributed_emb.data.rank_batches import IndexedSource, RankBatches
 from distributed_emb.data.readers import ROW_ID
-from distributed_emb.data.stream import StreamChangedError, TrainingStream, check_same_stream
+from distributed_emb.data.training_stream import (
+    StreamChangedError,
+    TrainingStream,
+    check_same_stream,
+)
 
 SHARD_SIZES = (37, 120, 5, 64, 90, 1, 83)  # 400 rows, uneven, one shard shorter than a span
 SPAN, WINDOW = 8, 48  # small, so the corpus has many spans and several windows

@@ -55,6 +55,10 @@ def _config(corpus: Path, tokenizer: str, cache: Path, *overrides: str) -> Train
     )
 
 
+def _key(config) -> str:
+    return key_id(cache_key(config.data, config.stream_settings()))
+
+
 def _data_dirs(cache: Path) -> list[Path]:
     return sorted(cache.glob("*/data-*"))
 
@@ -66,36 +70,36 @@ def test_the_key_changes_with_max_length_tokenizer_and_corpus(tmp_path, tiny_ber
     corpus = _corpus(tmp_path)
     tokenizer_dir = tmp_path / "tok"
     shutil.copytree(tiny_bert_path, tokenizer_dir)
-    base = key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c")))
-    assert base == key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c")))
+    base = _key(_config(corpus, tokenizer_dir, tmp_path / "c"))
+    assert base == _key(_config(corpus, tokenizer_dir, tmp_path / "c"))
     # Settings applied when the shards are read do not split the cache.
     same = _config(
         corpus, tokenizer_dir, tmp_path / "c", "data.shuffle_seed=7", "train.batch_size=4"
     )
-    assert key_id(cache_key(same)) == base
+    assert _key(same) == base
 
     longer = _config(corpus, tokenizer_dir, tmp_path / "c", f"model.max_seq_length={MAX_LEN + 1}")
-    assert key_id(cache_key(longer)) != base
+    assert _key(longer) != base
     cleaned = _config(corpus, tokenizer_dir, tmp_path / "c", "data.max_chars=50")
-    assert key_id(cache_key(cleaned)) != base
+    assert _key(cleaned) != base
 
     # Another tokenizer at the same path (one added token): its ids may differ, so a new key.
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.add_tokens(["zzqxtoken"])
     tokenizer.save_pretrained(tokenizer_dir)
-    retokenised = key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c")))
+    retokenised = _key(_config(corpus, tokenizer_dir, tmp_path / "c"))
     assert retokenised != base
 
     # The corpus rewritten (other size, newer time): a new key.
     corpus.write_text(corpus.read_text() + "One more sentence.\n")
     os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
-    assert key_id(cache_key(_config(corpus, tokenizer_dir, tmp_path / "c"))) != retokenised
+    assert _key(_config(corpus, tokenizer_dir, tmp_path / "c")) != retokenised
 
 
 def test_auto_turns_on_where_tokenising_once_pays(tmp_path):
     def enabled(*overrides, search=False):
         config = load_config(TrainingConfig, None, list(overrides))
-        return token_cache_enabled(config, search=search)
+        return token_cache_enabled(config.data, config.stream_settings(), search=search)
 
     assert not enabled()  # CPU default: workers tokenise, max_steps-free runs count anyway
     assert enabled(search=True)  # every Tune trial reads the corpus
@@ -139,7 +143,7 @@ def _text_by_row_id(config) -> dict[int, str]:
 def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert_path):
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
     config = _config(corpus, tiny_bert_path, cache)
-    shards = token_shards(config)
+    shards = token_shards(config.data, config.stream_settings())
     assert shards.built and shards.rows == 300
     assert shards.report.kept == 300 and shards.report.dropped == {"empty": 2}
     assert len(_data_dirs(cache)) == 1
@@ -161,15 +165,14 @@ def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert
     assert sum(r["text__truncated"] for r in rows) > 0  # MAX_LEN cuts some: the flag is real
 
     # The same key again: reused, nothing tokenised.
-    again = token_shards(config)
+    again = token_shards(config.data, config.stream_settings())
     assert not again.built and again.directory == shards.directory and again.rows == 300
     assert again.report.as_dict() == shards.report.as_dict()
     assert len(_data_dirs(cache)) == 1
 
     # Another maximum length never reuses them: a second build under its own key.
-    other = token_shards(
-        _config(corpus, tiny_bert_path, cache, f"model.max_seq_length={MAX_LEN * 2}")
-    )
+    longer = _config(corpus, tiny_bert_path, cache, f"model.max_seq_length={MAX_LEN * 2}")
+    other = token_shards(longer.data, longer.stream_settings())
     assert other.built and Path(other.directory).parent != Path(shards.directory).parent
     assert len(_data_dirs(cache)) == 2
 
@@ -186,12 +189,12 @@ def test_a_writer_that_dies_before_its_commit_is_never_reused(
 
     monkeypatch.setattr(token_cache, "collect_report", crash)
     with pytest.raises(KeyboardInterrupt):
-        token_shards(config)
+        token_shards(config.data, config.stream_settings())
     (half,) = _data_dirs(cache)  # shards on disk, but no commit names them
     assert not (half.parent / COMMIT_FILE).exists()
     monkeypatch.undo()
 
-    shards = token_shards(config)
+    shards = token_shards(config.data, config.stream_settings())
     assert shards.built and Path(shards.directory) != half and shards.rows == 80
 
 
@@ -204,7 +207,8 @@ def test_a_restarted_group_reads_the_rest_of_its_epoch_from_the_shards(
     from distributed_emb.data.rank_batches import IndexedSource, RankBatches
 
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
-    shards = token_shards(_config(corpus, tiny_bert_path, cache))
+    config = _config(corpus, tiny_bert_path, cache)
+    shards = token_shards(config.data, config.stream_settings())
     source, plan = IndexedSource(shards.index), BatchPlan(global_batch=16, seed=3)
     epoch = list(RankBatches(source, plan, 0, 1).epoch(DataPosition()))
     ids = [r for batch, _ in epoch for r in batch.column(ROW_ID).to_pylist()]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 def served_batches(source, plan, world: int, start):
     """[(global batch as the ranks' slices concatenated in rank order, position after it)].
-    Checks on the way that every rank gets a slice of every batch, of equal size, with the
-    same position."""
+    Checks on the way that every rank gets a slice of every batch, of split_rows' size, with
+    the same position."""
     import pyarrow as pa
     import ray
 
-    from distributed_emb.data.global_batches import GlobalBatchFeeder, RankStream
+    from distributed_emb.data.global_batches import GlobalBatchFeeder, RankStream, split_rows
 
     feeder = (
         ray.remote(GlobalBatchFeeder)
@@ -26,7 +26,8 @@ def served_batches(source, plan, world: int, start):
             if all(s is None for s in slices):
                 return served
             assert None not in slices, "ranks got different numbers of batches"
-            assert len({table.num_rows for table, _ in slices}) == 1
+            spans = [split_rows(plan.global_batch, world, rank) for rank in range(world)]
+            assert [table.num_rows for table, _ in slices] == [b - a for a, b in spans]
             assert len({position for _, position in slices}) == 1
             served.append((pa.concat_tables([table for table, _ in slices]), slices[0][1]))
     finally:
@@ -41,7 +42,7 @@ def reference_batches(config, epoch: int = 0) -> list[list[int]]:
     from distributed_emb.data.stream import local_epoch_tables, text_source
 
     source = text_source(config.data, counter=None)
-    plan = batch_plan(config)
+    plan = batch_plan(config.data, config.train.global_batch)
     tables = local_epoch_tables(source, EpochOrder(plan.seed, epoch), DataPosition(epoch=epoch))
     return [
         batch.column("_row_id").to_pylist()

@@ -103,3 +103,13 @@ def finished_tiny_run(model_path: str, directory: Path):
 
     config = tiny_run_config(model_path, directory)
     return config, run_training(config)
+
+
+def unread_stream(rows: int = 64, shards: tuple = (("part-0.arrow", 64),)):
+    """A stand-in TrainingStream for tests that stop before anything reads it: indexed shards
+    that do not exist, with a real identity (what a checkpoint's position is checked against)."""
+    from distributed_emb.data.indexed_shards import ShardIndex
+    from distributed_emb.data.rank_batches import IndexedSource
+    from distributed_emb.data.training_stream import TrainingStream
+
+    return TrainingStream(IndexedSource(ShardIndex("unread", shards)), rows, pretokenised=True)

@@ -1,8 +1,10 @@
-"""2 gloo processes with gathered negatives == 1 process on the concatenated batch.
+"""W gloo processes with gathered negatives == 1 process on the concatenated batch.
 
 The real path: TrainableEncoder (tiny BERT) under DDPEngine, forward_objective with InfoNCE over
 the gathered batch, λ·reconstruction and same-document masking. Dropout is off (eval mode) so
-both computations see the same function; float64 so the comparison is tight.
+both computations see the same function; float64 so the comparison is tight. The global batch
+of 12 rows goes to 2 workers (6 each) and to 5 (3, 3, 2, 2, 2: split_rows' unequal slices,
+which the gathers pad and trim and the step weights by W·B_r/G).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from distributed_emb.config import TrainLoopConfig
+from distributed_emb.data.global_batches import split_rows
 from distributed_emb.losses.objective import LossConfig
 
 ANCHORS = [
@@ -27,6 +30,10 @@ ANCHORS = [
     "Two dogs run in a park.",
     "He cooked pasta for dinner.",
     "The train was late again.",
+    "Children build a sandcastle.",
+    "The museum opens at nine.",
+    "A pilot lands the plane.",
+    "Snow covered the mountain road.",
 ]
 POSITIVES = [
     "Someone plays an instrument.",
@@ -37,8 +44,12 @@ POSITIVES = [
     "Dogs are running outside.",
     "Dinner was pasta he made.",
     "Again the train came late.",
+    "Kids make a castle of sand.",
+    "Doors of the museum open at 9.",
+    "The aircraft touches down.",
+    "The mountain road was snowy.",
 ]
-GROUPS = ["d1", "d1", "d2", "d3", "d4", "d4", "d5", "d6"]
+GROUPS = ["d1", "d1", "d2", "d3", "d4", "d4", "d5", "d6", "d7", "d7", "d8", "d9"]
 WEIGHTS = LossConfig(
     temperature=0.05, reconstruction_weight=0.5, reconstruction_form="squared_norm"
 )
@@ -65,6 +76,7 @@ def _batch(model_path: str, rows: slice):
 
 
 def _loss_and_grads(model_path: str, rows: slice):
+    """(the loss backpropagated, the reported loss, gradients after DDP's average)."""
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import DDPEngine
     from distributed_emb.train.step import forward_objective
@@ -72,39 +84,48 @@ def _loss_and_grads(model_path: str, rows: slice):
     torch.manual_seed(0)  # same MLP-head init on every process
     encoder = TrainableEncoder(model_path, pooler="mean", mlp_head=True).double().eval()
     engine = DDPEngine(encoder, TRAIN, total_steps=1, device=torch.device("cpu"))
-    loss, _ = forward_objective(engine.forward_module, _batch(model_path, rows), WEIGHTS)
+    loss, metrics = forward_objective(engine.forward_module, _batch(model_path, rows), WEIGHTS)
     engine.backward(loss)
     grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
-    return loss.detach(), grads
+    return loss.detach(), metrics["loss"], grads
 
 
 def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    per_rank = len(ANCHORS) // world
-    loss, grads = _loss_and_grads(model_path, slice(rank * per_rank, (rank + 1) * per_rank))
-    torch.save({"loss": loss, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
+    start, stop = split_rows(len(ANCHORS), world, rank)
+    loss, reported, grads = _loss_and_grads(model_path, slice(start, stop))
+    torch.save(
+        {"loss": loss, "reported": reported, "rows": stop - start, "grads": grads},
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_two_workers_equal_single_process_on_concatenated_batch(tiny_bert_path, tmp_path):
+@pytest.mark.parametrize("world", [2, 5])  # 12 rows: equal slices, then 3, 3, 2, 2, 2
+def test_workers_equal_single_process_on_concatenated_batch(tiny_bert_path, tmp_path, world):
     mp.spawn(
         _worker,
-        args=(2, str(tmp_path / "init"), tiny_bert_path, str(tmp_path)),
-        nprocs=2,
+        args=(world, str(tmp_path / "init"), tiny_bert_path, str(tmp_path)),
+        nprocs=world,
         join=True,
     )
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    reference_loss, reference_grads = _loss_and_grads(tiny_bert_path, slice(0, len(ANCHORS)))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    reference_loss, _, reference_grads = _loss_and_grads(tiny_bert_path, slice(0, len(ANCHORS)))
+    sizes = [results["rows"] for results in ranks]
+    assert sum(sizes) == len(ANCHORS) and len(set(sizes)) == (1 if world == 2 else 2)
 
-    # The global loss is the mean over ranks of each rank's local mean.
-    distributed_loss = (ranks[0]["loss"] + ranks[1]["loss"]) / 2
+    # Every rank reports the global loss; the losses they backpropagate (each rank's local
+    # mean weighted by W·B_r/G) average to it too.
+    for results in ranks:
+        assert torch.allclose(results["reported"], reference_loss, rtol=1e-9, atol=1e-12)
+    distributed_loss = sum(results["loss"] for results in ranks) / world
     assert torch.allclose(distributed_loss, reference_loss, rtol=1e-9, atol=1e-12)
-    # DDP leaves the same averaged gradient on both ranks; it must equal the reference.
+    # DDP leaves the same averaged gradient on every rank; it must equal the reference.
     assert reference_grads.keys() == ranks[0]["grads"].keys()
     for name, expected in reference_grads.items():
-        for r in range(2):
+        for r in range(world):
             got = ranks[r]["grads"][name]
             assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), (
                 name,
@@ -113,3 +134,8 @@ def test_two_workers_equal_single_process_on_concatenated_batch(tiny_bert_path, 
             )
     # The check has teeth: the local-only loss (no gather) gives different gradients.
     assert not torch.allclose(ranks[0]["loss"], ranks[1]["loss"])
+    if world == 5:
+        # ...and with unequal slices the plain mean of the ranks' local means is not the
+        # global mean: the weights are needed.
+        local_means = [r["loss"] * len(ANCHORS) / (world * r["rows"]) for r in ranks]
+        assert not torch.allclose(sum(local_means) / world, reference_loss, rtol=1e-6)

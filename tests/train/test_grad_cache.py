@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from distributed_emb.config import DeepSpeedConfig, TrainLoopConfig
+from distributed_emb.data.global_batches import split_rows
 from distributed_emb.losses.objective import LossConfig
 from distributed_emb.train.grad_cache import (
     RandContext,
@@ -55,6 +56,7 @@ WITH_MLM = LossConfig(
 )
 NO_MLM = LossConfig(temperature=0.05, reconstruction_weight=0.5)
 TIGHT = {"rtol": 1e-9, "atol": 1e-12}
+UNEVEN_ROWS = 7  # a global batch two workers split 4 + 3
 
 
 # The engine's knobs for these checks: no clipping, a large step (the real TrainLoopConfig).
@@ -270,6 +272,12 @@ def _sum_gradients_over_ranks(grads: dict) -> dict:
     return grads
 
 
+def _average_over_ranks(local: dict) -> dict:
+    """What DDP leaves after the backward of each rank's `local` gradients."""
+    summed = _sum_gradients_over_ranks({n: g.clone() for n, g in local.items()})
+    return {n: g / dist.get_world_size() for n, g in summed.items()}
+
+
 class AllReduceCounter:
     """DDP comm hook: all-reduces as usual, counting the buckets reduced since the last pop."""
 
@@ -304,14 +312,18 @@ def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str
         seed = 100 + rank  # each rank its own masks, as in training
         # Reference: the plain math through the raw module (no DDP), then the DDP average.
         torch.manual_seed(seed)
-        loss, _ = forward_objective(MiniBatchForward(engine.module, m), batch, WITH_MLM)
+        loss, metrics = forward_objective(MiniBatchForward(engine.module, m), batch, WITH_MLM)
         loss.backward()
         local = gradients(engine.module)
-        summed = _sum_gradients_over_ranks({n: g.clone() for n, g in local.items()})
-        averaged = {n: g / world for n, g in summed.items()}
+        averaged = _average_over_ranks(local)
         torch.manual_seed(seed)
         synced = cached_step(engine, batch, WITH_MLM, m, sync=True)
-        results[f"synced{m}"] = (synced["loss"], loss.detach(), gradients(engine.module), averaged)
+        results[f"synced{m}"] = (
+            synced["loss"],
+            metrics["loss"],
+            gradients(engine.module),
+            averaged,
+        )
         results[f"buckets_synced{m}"] = all_reduces.pop()
         torch.manual_seed(seed)
         cached_step(engine, batch, WITH_MLM, m, sync=False)  # accumulation: no all-reduce
@@ -324,6 +336,22 @@ def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str
     engine = make_engine(model_path, NO_MLM, train=False)
     metrics = cached_step(engine, make_batch(model_path, "pairs", rows, mlm=False), NO_MLM, 3, True)
     results["global"] = (metrics["loss"], gradients(engine.module))
+
+    # Unequal slices, 4 and 3 of 7 rows (split_rows): the same, with each rank's loss weighted;
+    # with m = 1 or 3 the short rank makes up the mini-batch count with a filler.
+    start, stop = split_rows(UNEVEN_ROWS, world, rank)
+    batch = make_batch(model_path, "pairs", slice(start, stop), mlm=False)
+    for m in (1, 3):
+        metrics = cached_step(engine, batch, NO_MLM, m, sync=True)
+        results[f"uneven{m}"] = (metrics["loss"], gradients(engine.module))
+    # β > 0 (no exact one-process form: see step.rank_weight): cached == the plain weighted step.
+    engine = make_engine(model_path, WITH_MLM, train=False)
+    batch = make_batch(model_path, "pairs", slice(start, stop))
+    loss, metrics = forward_objective(engine.module, batch, WITH_MLM)
+    loss.backward()
+    averaged = _average_over_ranks(gradients(engine.module))
+    cached = cached_step(engine, batch, WITH_MLM, 1, sync=True)
+    results["uneven_mlm"] = (cached["loss"], metrics["loss"], gradients(engine.module), averaged)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -354,19 +382,30 @@ def test_two_workers_cached_equals_plain_with_gathered_negatives(tiny_bert_path,
     assert not torch.allclose(ranks[0]["local3"][0][name], ranks[1]["local3"][0][name])
 
     engine = make_engine(tiny_bert_path, NO_MLM, train=False)
-    reference = plain_step(engine, make_batch(tiny_bert_path, "pairs", mlm=False), NO_MLM, True)
-    expected = gradients(engine.module)
-    distributed_loss = (ranks[0]["global"][0] + ranks[1]["global"][0]) / 2
-    assert torch.allclose(distributed_loss, reference["loss"], **TIGHT)
-    for r in range(2):
-        assert_same_gradients(ranks[r]["global"][1], expected, **TIGHT)
+    # Every rank reports the global mean and holds the one-process gradients, for 8 rows split
+    # evenly and for 7 split 4 + 3.
+    for rows, keys in ((slice(None), ["global"]), (slice(UNEVEN_ROWS), ["uneven1", "uneven3"])):
+        batch = make_batch(tiny_bert_path, "pairs", rows, mlm=False)
+        reference = plain_step(engine, batch, NO_MLM, True)
+        expected = gradients(engine.module)
+        for results in ranks:
+            for key in keys:
+                loss, grads = results[key]
+                assert torch.allclose(loss, reference["loss"], **TIGHT), key
+                assert_same_gradients(grads, expected, **TIGHT)
+    for results in ranks:
+        cached_loss, reference_loss, synced, averaged = results["uneven_mlm"]
+        assert torch.allclose(cached_loss, reference_loss, **TIGHT)
+        assert_same_gradients(synced, averaged, **TIGHT)
 
 
 # --- two gloo workers under DeepSpeed ZeRO -------------------------------------------------
 
 
 def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir) -> None:
-    """Two loop micro-batches of 2 pairs each (gradient accumulation 2), mini-batches of 1."""
+    """Two loop micro-batches of 3 pairs each (gradient accumulation 2), split 2 + 1 over the
+    ranks (split_rows), mini-batches of 1: rank 1 makes up its second mini-batch with a filler,
+    without which the ranks' collectives would not pair up."""
     import copy
 
     from deepspeed.utils import safe_get_full_grad
@@ -384,9 +423,8 @@ def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir)
         MASTER_PORT=str(port),
     )
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    batches = [
-        make_batch(model_path, "pairs", slice(4 * rank + i, 4 * rank + i + 2)) for i in (0, 2)
-    ]
+    start, stop = split_rows(3, world, rank)
+    batches = [make_batch(model_path, "pairs", slice(3 * i + start, 3 * i + stop)) for i in (0, 1)]
     results = {}
     for stage in stages:
         torch.manual_seed(0)
@@ -426,7 +464,7 @@ def _deepspeed_worker(rank, world, init_file, port, model_path, stages, out_dir)
 @pytest.mark.slow
 def test_deepspeed_zero_cached_step_with_accumulation_equals_plain(tiny_bert_path, tmp_path):
     """ZeRO-2 partitions gradients during backward, ZeRO-3 also the parameters; both must add
-    the mini-batches' backward calls into one accumulated micro-batch."""
+    the mini-batches' backward calls into one accumulated micro-batch, with unequal slices too."""
     import socket
 
     with socket.socket() as probe:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from harness.jobs import job_module, run
+from harness.tiny_run import unread_stream
 
 from distributed_emb.cli import job_config
 from distributed_emb.config import TrainingConfig, load_config, to_dict
@@ -30,15 +31,6 @@ from distributed_emb.train.run_identity import (
 
 class TrainingStarted(Exception):
     """Raised by the stand-in TorchTrainer: the run got past every check."""
-
-
-def _stream(shards=(("part-0.arrow", 64),)):
-    """A stand-in stream of indexed shards that are never read: run_training stops before."""
-    from distributed_emb.data.indexed_shards import ShardIndex
-    from distributed_emb.data.rank_batches import IndexedSource
-    from distributed_emb.data.stream import TrainingStream
-
-    return TrainingStream(IndexedSource(ShardIndex("shards", shards)), rows=64, pretokenised=True)
 
 
 @pytest.fixture
@@ -70,7 +62,7 @@ def _earlier_run(config: TrainingConfig, run_dir, checkpoints=("2026-01-01_10-00
 
 
 def _run(config, stream=None):
-    return trainer.run_training(config, stream=stream or _stream())
+    return trainer.run_training(config, stream=stream or unread_stream())
 
 
 def test_other_settings_under_the_same_run_name_are_refused_before_training(tmp_path, no_training):
@@ -105,10 +97,10 @@ def test_a_resume_onto_another_stream_is_refused_before_training(tmp_path, no_tr
     """The data settings outside the run identity (the token cache built, rebuilt or removed)
     still decide which rows a position points at: the checkpoint's stream is compared."""
     from distributed_emb.data.global_batches import batch_plan
-    from distributed_emb.data.stream import StreamChangedError
+    from distributed_emb.data.training_stream import StreamChangedError
 
     config = _config(tmp_path)
-    stream = _stream().identity(batch_plan(config))
+    stream = unread_stream().identity(batch_plan(config.data, config.train.global_batch))
     save_loop_state(
         str(tmp_path / "storage" / "r1" / "checkpoint_2026-01-01_10-00-00.000000"),
         LoopState(step=2, stream=stream),
@@ -116,7 +108,7 @@ def test_a_resume_onto_another_stream_is_refused_before_training(tmp_path, no_tr
         0,
     )
     with pytest.raises(StreamChangedError, match=r"checkpoint .*checkpoint_2026.*rows 'indexed:"):
-        _run(_config(tmp_path), _stream((("part-0.arrow", 40), ("part-1.arrow", 24))))
+        _run(_config(tmp_path), unread_stream(shards=(("part-0.arrow", 40), ("part-1.arrow", 24))))
     assert no_training == []
     with pytest.raises(TrainingStarted):  # the same stream: resumed
         _run(_config(tmp_path))

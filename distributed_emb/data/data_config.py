@@ -1,0 +1,114 @@
+"""The `data` section of a training config: what the corpus is, how it is read, cleaned,
+tokenised, shuffled and cut. Declared here, beside the code that reads it; the training config
+(config.py) composes it with the other sections. What the data path needs from outside this
+section comes as `StreamSettings` (data/stream_settings.py), never as the whole config."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from distributed_emb.settings import Seed, section
+
+
+@section
+class DataConfig:
+    path: Annotated[
+        str | None,
+        Field(
+            description="the training corpus: a file (.txt .jsonl/.json .parquet .arrow, "
+            "optionally .gz/.zst/.bz2), directory, glob, s3:// or gs:// URI, saved Hugging Face "
+            "dataset or hub name (org/name); null: the shipped Wikipedia sentences"
+        ),
+    ] = None
+    text_column: Annotated[
+        str, Field(description="the text field of JSONL / Parquet / HF rows")
+    ] = "text"
+    hf_split: Annotated[str, Field(description="the split of a Hugging Face dataset")] = "train"
+    kind: Annotated[
+        Literal["sentences", "pairs"],
+        Field(
+            description="sentences: one text per row, two dropout views (InforMin-CL, SimCSE); "
+            "pairs: anchor/positive columns (InfoCSE)"
+        ),
+    ] = "sentences"
+    anchor_column: Annotated[str, Field(description="pairs: the anchor field")] = "anchor"
+    positive_column: Annotated[str, Field(description="pairs: the positive field")] = "positive"
+    group_column: Annotated[
+        str | None,
+        Field(
+            description="a group (document) id: rows of one group are never each other's "
+            "negatives, and are one cluster of the MCR² term (loss.mcr2_weight)"
+        ),
+    ] = None
+    # An all-to-all pass over the whole corpus before the first step (docs/BENCHMARKS.md),
+    # so off by default.
+    deduplicate: Annotated[
+        bool, Field(description="exact, distributed de-duplication of identical rows")
+    ] = False
+    dedup_partitions: Annotated[
+        int, Field(ge=1, description="hash partitions of the de-duplication shuffle")
+    ] = 16
+    max_rows: Annotated[
+        int | None, Field(ge=1, description="take only the first N clean rows (quick runs)")
+    ] = None
+    # No real sentence is this long; a broken file's megabyte "line" is.
+    max_chars: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="rows longer than this many characters are dropped and counted "
+            "(too_long) before tokenisation",
+        ),
+    ] = 20_000
+    block_rows: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="rows per block read: the unit of parallelism, counting and shuffling",
+        ),
+    ] = 10_000
+    # data/epoch_order.py: the same order for any worker count.
+    shuffle_seed: Annotated[
+        Seed | None,
+        Field(
+            description="seed of the corpus order (files, and rows within each block, drawn "
+            "per epoch); null: file order"
+        ),
+    ] = 0
+    # GPUs need the tokenising off the training process (data/tokenize.py).
+    tokenize_in: Annotated[
+        Literal["auto", "worker", "ray_data"],
+        Field(
+            description="where text becomes token ids: a Ray Data stage on the cluster's CPUs "
+            "(ray_data), each Train worker (worker); auto: ray_data on GPU runs"
+        ),
+    ] = "auto"
+    tokenize_batch_rows: Annotated[
+        int, Field(ge=1, description="rows per tokenising task call")
+    ] = 1024
+    token_cache: Annotated[
+        Literal["auto", "on", "off"],
+        Field(
+            description="token-id shards written once and reused by later epochs, resumed runs "
+            "and Tune trials (data/token_cache.py); auto: on for Tune searches and for runs "
+            "that tokenise in Ray Data and read the whole corpus"
+        ),
+    ] = "auto"
+    token_cache_dir: Annotated[
+        str | None,
+        Field(
+            description="where the token cache lives (local or s3://); null: "
+            "<storage path>/token_cache"
+        ),
+    ] = None
+    # Less padding (data/global_batches.py, docs/BENCHMARKS.md).
+    length_group_batches: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="> 1: sort each pool of this many global batches by length before "
+            "cutting it; 0 or 1: batches as they come",
+        ),
+    ] = 0
