@@ -48,7 +48,7 @@ from distributed_emb.storage import filesystem_of, join
 SHARD_SUFFIX = ".arrow"
 LENGTH = "_length"  # int32: a row's length for grouping (token ids; pairs: the longer side)
 ROWS_KEY = b"distributed_emb.rows"  # each shard's row count, in its schema's metadata
-RECORD_BATCH_ROWS = 8192  # rows per IPC record batch (an mmap'd take does not care)
+RECORD_BATCH_ROWS = 1 << 20  # rows per IPC record batch: a shard of ~100k rows is one
 
 
 class ShardIndexError(UserInputError):
@@ -74,7 +74,9 @@ def write_shard(table: pa.Table, file) -> None:
     row count in the schema metadata."""
     metadata = dict(table.schema.metadata or {})
     metadata[ROWS_KEY] = str(table.num_rows).encode()
-    table = table.replace_schema_metadata(metadata)
+    # One record batch per RECORD_BATCH_ROWS rows, however many chunks the table arrived in:
+    # a reader takes rows batch by batch.
+    table = table.replace_schema_metadata(metadata).combine_chunks()
     with pa.ipc.new_file(file, table.schema) as writer:
         writer.write_table(table, max_chunksize=RECORD_BATCH_ROWS)
 
@@ -143,61 +145,73 @@ class ShardReader:
     cache_dir: str | None = None  # remote shards' node-local copies (None: the temp dir)
     columns: list[str] | None = None  # columns to read (None: all)
     rows_taken: int = 0
-    _tables: dict = field(default_factory=dict)
+    _opened: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
         self._starts = np.concatenate([[0], np.cumsum(self.index.shard_rows)]).astype(np.int64)
 
     def take(self, rows: np.ndarray, columns: list[str] | None = None) -> pa.Table:
-        """The rows with global numbers `rows` (int64), in that order."""
+        """The rows with global numbers `rows` (int64), in that order. Each record batch a row
+        falls in is taken from directly: a take on a many-chunk table would first copy the
+        whole shard into one chunk (5 ms a call for a 125k-row shard, against 0.04 ms)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= self._starts[-1]):
             raise IndexError(f"rows outside [0, {self._starts[-1]}) of {self.index.directory}")
+        wanted = columns or self.columns
         shard_of = np.searchsorted(self._starts, rows, side="right") - 1
         order = np.argsort(shard_of, kind="stable")
         parts = []
         for shard in np.unique(shard_of):
             members = order[shard_of[order] == shard]
-            table = self._table(int(shard))
-            wanted = columns or self.columns
-            if wanted is not None:
-                table = table.select(wanted)
-            parts.append(table.take(pa.array(rows[members] - self._starts[shard])))
+            offsets = rows[members] - self._starts[shard]
+            batches, batch_starts = self._batches(int(shard))
+            batch_of = np.searchsorted(batch_starts, offsets, side="right") - 1
+            for batch in np.unique(batch_of):
+                chosen = offsets[batch_of == batch] - batch_starts[batch]
+                piece = batches[batch]
+                if wanted is not None:
+                    piece = piece.select(wanted)
+                parts.append((members[batch_of == batch], piece.take(pa.array(chosen))))
         with self._lock:
             self.rows_taken += len(rows)
         if not parts:  # nothing asked: no row, the shards' columns
-            table = self._table(0)
-            return table.select(columns or self.columns or table.column_names).slice(0, 0)
-        merged = pa.concat_tables(parts)
-        # Back to the order asked: `order` listed the rows shard by shard.
+            schema = self._batches(0)[0][0].schema
+            empty = pa.Table.from_batches([], schema)
+            return empty.select(wanted) if wanted is not None else empty
+        merged = pa.Table.from_batches([piece for _, piece in parts]).combine_chunks()
+        # Back to the order asked: the pieces listed the rows batch by batch.
+        placed = np.concatenate([positions for positions, _ in parts])
         inverse = np.empty(len(rows), dtype=np.int64)
-        inverse[order] = np.arange(len(rows))
+        inverse[placed] = np.arange(len(rows))
         return merged.take(pa.array(inverse))
 
-    def _table(self, shard: int) -> pa.Table:
-        table = self._tables.get(shard)
-        if table is None:
+    def _batches(self, shard: int) -> tuple[list[pa.RecordBatch], np.ndarray]:
+        """A shard's record batches (memory-mapped) and the shard row each starts at."""
+        opened = self._opened.get(shard)
+        if opened is None:
             with self._lock:
-                table = self._tables.get(shard)
-                if table is None:
-                    table = self._tables[shard] = self._open(shard)
-        return table
+                opened = self._opened.get(shard)
+                if opened is None:
+                    opened = self._opened[shard] = self._open(shard)
+        return opened
 
-    def _open(self, shard: int) -> pa.Table:
+    def _open(self, shard: int) -> tuple[list[pa.RecordBatch], np.ndarray]:
         name, rows = self.index.shards[shard]
         location = join(self.index.directory, name)
         local = location if "://" not in location else self._local_copy(location)
         try:
-            table = pa.ipc.open_file(pa.memory_map(local)).read_all()  # zero-copy: mapped
+            reader = pa.ipc.open_file(pa.memory_map(local))  # zero-copy: mapped, not read
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except (OSError, pa.ArrowInvalid) as error:
             raise ShardIndexError(f"{location}: cannot read the shard ({error})") from error
-        if table.num_rows != rows:
+        sizes = [batch.num_rows for batch in batches]
+        if sum(sizes) != rows:
             raise ShardIndexError(
-                f"{location}: {table.num_rows} rows, the index says {rows}: the directory was "
+                f"{location}: {sum(sizes)} rows, the index says {rows}: the directory was "
                 f"changed after it was indexed"
             )
-        return table
+        return batches, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
     def _local_copy(self, location: str) -> str:
         """The node's copy of a remote shard, made once (atomic rename: never half a file)."""
