@@ -49,7 +49,9 @@ def _local_problem(path: Path) -> str | None:
     except OSError as error:  # a parent we may not even look into
         return f"cannot be checked ({error.strerror or error})"
     if not existing.is_dir():
-        return "is a file, not a directory" if existing == path else f"{existing} is a file"
+        if existing == path:
+            return "is a file, not a directory"
+        return f"{existing} is a file, not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
         if existing == path:
             return "is not writable"

@@ -18,7 +18,9 @@ def test_a_path_under_a_regular_file_is_refused_naming_the_key_and_the_file(tmp_
     wanted = blocker / "runs" / "one"
     with pytest.raises(ConfigError) as caught:
         require_writable(str(wanted), "output.storage_path")
-    assert str(caught.value) == f"output.storage_path: {wanted}: {blocker} is a file"
+    assert str(caught.value) == (
+        f"output.storage_path: {wanted}: {blocker} is a file, not a directory"
+    )
 
 
 def test_a_path_that_is_a_file_is_refused(tmp_path):
@@ -33,7 +35,7 @@ def test_a_file_uri_under_a_file_is_refused_like_the_path(tmp_path):
     blocker.write_text("")
     with pytest.raises(
         ConfigError,
-        match=rf"^output\.storage_path: file://.*: {re.escape(str(blocker))} is a file$",
+        match=rf"^output\.storage_path: file://.*: {re.escape(str(blocker))} is a file, not a directory$",
     ):
         require_writable(f"file://{blocker}/runs", "output.storage_path")
 

@@ -73,8 +73,9 @@ class DataConfig:
     shuffle_seed: Annotated[
         Seed | None,
         Field(
-            description="seed of the corpus order (files, and rows within each block, drawn "
-            "per epoch); null: file order"
+            description="seed of the corpus order, drawn per epoch (indexed shards: spans of "
+            "the whole corpus, rows within windows; streamed: files, rows within each block); "
+            "null: corpus order"
         ),
     ] = 0
     # GPUs need the tokenising off the training process (data/tokenize.py).
@@ -91,9 +92,10 @@ class DataConfig:
     token_cache: Annotated[
         Literal["auto", "on", "off"],
         Field(
-            description="token-id shards written once and reused by later epochs, resumed runs "
-            "and Tune trials (data/token_cache.py); auto: on for Tune searches and for runs "
-            "that tokenise in Ray Data and read the whole corpus"
+            description="prepare the corpus once as indexed token-id shards that every worker "
+            "reads its own rows from, reused by later epochs, resumed runs and Tune trials "
+            "(data/token_cache.py); off: stream the text through one feeder; auto: on for Tune "
+            "searches and for runs that tokenise in Ray Data and read the whole corpus"
         ),
     ] = "auto"
     token_cache_dir: Annotated[
