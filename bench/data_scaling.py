@@ -208,7 +208,7 @@ def resume_cost(directory: Path, shard_rows: int, measured_rows: int, rounds: in
 
     plan = BatchPlan(global_batch=GLOBAL_BATCH, seed=0)
     source = IndexedSource(ShardIndex.scan(str(directory)))
-    offset = shard_rows // 2 // GLOBAL_BATCH * GLOBAL_BATCH  # a global batch boundary
+    offset = -(-shard_rows // 2 // GLOBAL_BATCH) * GLOBAL_BATCH  # the boundary past half
     position = DataPosition(0, rows=offset)
     # What a checkpoint keeps for the data: the position and the stream it indexes.
     stream = TrainingStream(source, None, True).identity(plan)

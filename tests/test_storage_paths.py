@@ -35,7 +35,8 @@ def test_a_file_uri_under_a_file_is_refused_like_the_path(tmp_path):
     blocker.write_text("")
     with pytest.raises(
         ConfigError,
-        match=rf"^output\.storage_path: file://.*: {re.escape(str(blocker))} is a file, not a directory$",
+        match=rf"^output\.storage_path: file://.*: {re.escape(str(blocker))} is a file, not a "
+        "directory$",
     ):
         require_writable(f"file://{blocker}/runs", "output.storage_path")
 

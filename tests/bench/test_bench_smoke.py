@@ -250,7 +250,7 @@ def test_data_scaling_bench_reports_every_worker_count_and_resume_point(tmp_path
     assert result["coordinator_row_bytes"] == 0  # no process read another rank's rows
     (resume,) = result["resume"].values()
     assert set(resume) == {"state_bytes", "delivered_vs_fresh", "shard_rows", "offset_in_shard"}
-    assert resume["offset_in_shard"] >= resume["shard_rows"] // 2 - 1024  # deep in the shard
+    assert resume["offset_in_shard"] >= resume["shard_rows"] // 2  # half-way into the shard
     assert 0 < resume["state_bytes"] <= 65_536
     assert set(result["shuffle"]) >= {"ours", "iid"}
     assert result["shuffle"]["ours"]["labels_per_batch"] > 14  # mixes the 16 files
