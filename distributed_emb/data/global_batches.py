@@ -190,11 +190,11 @@ class GlobalBatchFeeder:
     rank's slices of them put as one object (one put and one request per rank and chunk,
     not per batch: at small slices the per-object cost is what limits the rate)."""
 
-    def __init__(self, source, plan: BatchPlan, world_size: int):
+    def __init__(self, source, plan: BatchPlan, world_size: int, chunk_rows: int = CHUNK_ROWS):
         self.source = source
         self.plan = plan
         self.world = world_size
-        self.chunk = chunk_batches(plan.global_batch, world_size)
+        self.chunk = chunk_batches(plan.global_batch, world_size, chunk_rows)
         self.lock = threading.Condition()
         self.streams: dict[tuple, _Stream] = {}
 
@@ -272,11 +272,11 @@ class GlobalBatchFeeder:
         return True
 
 
-def chunk_batches(global_batch: int, world_size: int) -> int:
-    """Global batches per chunk: enough that each rank's object holds ~CHUNK_ROWS rows (at
+def chunk_batches(global_batch: int, world_size: int, chunk_rows: int = CHUNK_ROWS) -> int:
+    """Global batches per chunk: enough that each rank's object holds ~`chunk_rows` rows (at
     most: sized by the largest slice, rank 0's)."""
     start, stop = split_rows(global_batch, world_size, 0)
-    return max(1, CHUNK_ROWS // max(1, stop - start))
+    return max(1, chunk_rows // max(1, stop - start))
 
 
 class _Stream:

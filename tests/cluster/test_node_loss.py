@@ -357,8 +357,11 @@ def test_tune_node_lost_mid_search_resumes_only_the_trial_on_it(
 
     assert "lost_run" in seen, f"the search ended before a node was lost:\n{timeline}"
     assert seen["worker_nodes"] == 2, f"the trials shared a node: {seen}"
-    # Each run's feeder sits on its rank 0's node, so a lost node takes no other run's feeder.
-    assert seen["feeder_nodes"] == seen["rank0_nodes"], seen
+    # The search's trials read its prepared corpus (the token cache's indexed shards): every
+    # rank reads its own rows and no run has a feeder, so a lost node takes nothing of another
+    # run. (A streamed corpus's feeder sits on its rank 0's node: hard affinity,
+    # data/global_batches.py RankStream.connect.)
+    assert seen["feeder_nodes"] == [], seen
     assert not search.interrupted
     analysis = ray_tune.ExperimentAnalysis(search.experiment_path)
     assert [t.status for t in analysis.trials] == ["TERMINATED"] * 2

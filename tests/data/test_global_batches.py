@@ -117,7 +117,7 @@ def test_length_grouped_batches_are_narrow_and_hold_the_same_rows(corpus):
         assert plain_rows == sorted(r for rows, _ in grouped[3 * pool : 3 * pool + 3] for r in rows)
 
 
-def _served(source, plan, world, start):
+def _served(source, plan, world, start, chunk_rows=None):
     """(row ids of each global batch and the position after it, as the ranks got them; rows
     the cleaning tasks read)."""
     import ray
@@ -125,7 +125,7 @@ def _served(source, plan, world, start):
 
     served = [
         (batch.column("_row_id").to_pylist(), position)
-        for batch, position in served_batches(source, plan, world, start)
+        for batch, position in served_batches(source, plan, world, start, chunk_rows)
     ]
     return served, ray.get(source.counter.rows_read.remote())
 
@@ -142,6 +142,12 @@ def test_one_feeder_serves_the_reference_order_to_any_number_of_ranks(ray_local,
         assert served == expected, world
         # Each line of every file was read once in the epoch, whatever the world size.
         assert rows_read == clean_rows() + BAD_LINES, world
+
+    # A chunk per global batch: the epoch's 25 batches go through 25 chunks and the feeder's
+    # bounded buffer (AHEAD chunks), with 3 ranks asking in turn: the same sequence.
+    source = text_source(data_config(corpus), start_drop_counter())
+    served, _ = _served(source, plan, 3, DataPosition(epoch=1), chunk_rows=1)
+    assert len(served) > 4 * 4 and served == expected
 
     # Two ranks trained 4 global batches, then the run resumed on one: the same sequence goes on.
     source = text_source(data_config(corpus), start_drop_counter())

@@ -4,19 +4,25 @@ what `world` ranks receive, global batch by global batch."""
 from __future__ import annotations
 
 
-def served_batches(source, plan, world: int, start):
+def served_batches(source, plan, world: int, start, chunk_rows: int | None = None):
     """[(global batch as the ranks' slices concatenated in rank order, position after it)].
     Checks on the way that every rank gets a slice of every batch, of split_rows' size, with
-    the same position."""
+    the same position. `chunk_rows`: the feeder's chunk size (default the product's; 1: a
+    chunk per global batch, so an epoch runs through many chunks and the feeder's buffer)."""
     import pyarrow as pa
     import ray
 
-    from distributed_emb.data.global_batches import GlobalBatchFeeder, RankStream, split_rows
+    from distributed_emb.data.global_batches import (
+        CHUNK_ROWS,
+        GlobalBatchFeeder,
+        RankStream,
+        split_rows,
+    )
 
     feeder = (
         ray.remote(GlobalBatchFeeder)
         .options(num_cpus=0, max_concurrency=4 * world + 4)
-        .remote(source, plan, world)
+        .remote(source, plan, world, chunk_rows or CHUNK_ROWS)
     )
     try:
         ranks = [RankStream(feeder, rank).epoch(start) for rank in range(world)]
