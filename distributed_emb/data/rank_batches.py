@@ -110,9 +110,8 @@ class RankBatches:
         """This rank's slices from `start` to the end of the epoch, each with the position
         after its global batch; read a few chunks ahead by a thread of this process."""
         begin, end = split_rows(self.plan.global_batch, self.world, self.rank)
-        chunk = max(
-            1, CHUNK_ROWS // max(1, end - begin)
-        )  # batches read by one take: fewer, larger calls
+        # Global batches read by one take: fewer, larger calls.
+        chunk = max(1, CHUNK_ROWS // max(1, end - begin))
         ready: queue.Queue = queue.Queue(maxsize=AHEAD)
         stop = threading.Event()
 

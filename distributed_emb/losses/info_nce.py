@@ -27,10 +27,13 @@ def info_nce_loss(
     temperature: float,
     gather: bool = True,
     groups: torch.Tensor | None = None,
+    sizes: list[int] | None = None,
 ) -> torch.Tensor:
+    """`sizes`: every rank's B (distributed.gather_sizes), where the caller has them already;
+    else gathered here, once for both gathers."""
     batch = z1.shape[0]
     if gather:
-        sizes = distributed.gather_sizes(batch)  # every rank's B_r, once for both gathers
+        sizes = distributed.gather_sizes(batch) if sizes is None else sizes
         candidates = distributed.gather_with_grad(z2, sizes)  # (G, d)
         offset = distributed.row_offset(sizes)
     else:

@@ -21,15 +21,19 @@ def embedding_objective(
     weights: LossConfig,
     groups: torch.Tensor | None = None,
     teacher_vectors: torch.Tensor | None = None,
+    sizes: list[int] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The embedding terms α·L_C + λ·L_R + δ·L_D + γ·L_MCR² on (B, d) views (`teacher_vectors`:
     the teacher's (2B, D) vectors of the rows behind z1 then z2, needed by δ and by MCR²'s μ;
-    `groups` (B,): the rows' documents, negatives to no one in L_C, MCR²'s clusters Π);
+    `groups` (B,): the rows' documents, negatives to no one in L_C, MCR²'s clusters Π;
+    `sizes`: every rank's B, where the step already gathered them, for L_C's gathers);
     metrics stay tensors (no host sync) except MCR²'s."""
     loss = z1.new_zeros(())
     metrics = {}
     if weights.contrastive_weight > 0:  # α = 0: no gather, no similarity matrix
-        contrastive = info_nce_loss(z1, z2, weights.temperature, weights.gather_negatives, groups)
+        contrastive = info_nce_loss(
+            z1, z2, weights.temperature, weights.gather_negatives, groups, sizes
+        )
         loss = loss + weights.contrastive_weight * contrastive
         metrics["loss_contrastive"] = contrastive.detach()
     if weights.reconstruction_weight > 0:

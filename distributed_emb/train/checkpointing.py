@@ -52,7 +52,7 @@ class LoopState:
     # Where the next global batch starts (data/epoch_order.py DataPosition, as a dict): all a
     # resumed or resized run needs to continue the epoch exactly.
     position: dict = field(default_factory=dict)
-    # The stream that position indexes (data/stream.py TrainingStream.identity): a resume
+    # The stream that position indexes (data/training_stream.py TrainingStream.identity): a resume
     # onto another stream is refused rather than applied to other rows.
     stream: dict = field(default_factory=dict)
 

@@ -213,7 +213,7 @@ def cached_step(
     weight = rank_weight(sizes)
     with engine.autocast():
         loss, metrics = embedding_objective(
-            z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors")
+            z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes
         )
     # The gather's backward all-reduces.
     grad_z1, grad_z2 = torch.autograd.grad(loss * weight, [z1, z2])

@@ -164,7 +164,7 @@ class WorkerRun:
             self.world,
         )
         self.progress = ProgressLog.for_worker(
-            config, self.total_steps, self.world, self.rank, start_step=self.state.step
+            config, self.total_steps, self.rank, start_step=self.state.step
         )
         self.truncated_since_report = torch.zeros((), dtype=torch.long, device=self.device)
 

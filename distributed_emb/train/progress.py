@@ -74,9 +74,7 @@ class ProgressLog:
                 self.bar.update(start_step)
 
     @classmethod
-    def for_worker(
-        cls, config, total_steps: int, world_size: int, rank: int, start_step: int = 0
-    ) -> ProgressLog:
+    def for_worker(cls, config, total_steps: int, rank: int, start_step: int = 0) -> ProgressLog:
         """Rank 0's logger with run.log and the sinks of `config.logging` in `config.output.dir`
         (an absolute path set by the driver: a relative one would land in the worker's working
         directory); other ranks get a silent one."""

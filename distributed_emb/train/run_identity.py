@@ -173,8 +173,8 @@ def stored_identity(filesystem, checkpoint_dir: str) -> dict | None:
 
 def check_resumed_stream(config: TrainingConfig, run_name: str, stream: dict) -> None:
     """Refuse to resume a checkpoint whose data position indexes another stream than `stream`
-    (data/stream.py TrainingStream.identity), naming what changed: a token cache built, rebuilt
-    or removed, another corpus or cut. On the driver, before Ray Train starts."""
+    (data/training_stream.py TrainingStream.identity), naming what changed: a token cache
+    built, rebuilt or removed, another corpus or cut. On the driver, before Ray Train starts."""
     filesystem, run_dir, _ = run_location(config, run_name)
     checkpoint = latest_checkpoint(filesystem, run_dir)
     if checkpoint is None:

@@ -30,10 +30,11 @@ def forward_objective(
     )
     z, logits = outputs if use_mlm else (outputs, None)
     z1, z2 = _full_precision(z).chunk(2)  # (B, d) each
-    weight = rank_weight(distributed.gather_sizes(z1.shape[0]))
+    sizes = distributed.gather_sizes(z1.shape[0])  # for the weight and L_C's gathers
     loss, metrics = embedding_objective(
-        z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors")
+        z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes
     )
+    weight = rank_weight(sizes)
     mlm = mlm_loss(_full_precision(logits), batch["mlm_labels"]) if use_mlm else None
     loss = add_mlm_term(loss, metrics, mlm, weights)
     metrics["loss"] = loss.detach()

@@ -67,8 +67,9 @@ def build_trainer(
     worker_cpus: float | None = None,
 ):
     """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
-    callbacks such as TuneReportCallback). `stream`: what the run trains on (data/stream.py;
-    its source goes to the workers, whose rank 0 starts the feeder). `worker_cpus`: each
+    callbacks such as TuneReportCallback). `stream`: what the run trains on
+    (data/training_stream.py; its source goes to the workers, which read their rows from it,
+    or whose rank 0 starts the feeder for a streamed corpus). `worker_cpus`: each
     worker's CPU reservation from the resource plan (resource_plan.py), when it lowered
     `train.cpus_per_worker`."""
     train = config.train
@@ -163,8 +164,8 @@ def run_training(
 ) -> TrainingResult:
     """Train with Ray Train, export the best checkpoint (by eval.select_by: STS-B dev, or
     nDCG@10 on a split of eval.retrieval_dir) and write metrics.json.
-    `stream`: what to train on (default: data/stream.py's choice for `config`). `callbacks`:
-    Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
+    `stream`: what to train on (default: data/training_stream.py's choice for `config`).
+    `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
     config.make_paths_absolute()
     output = Path(config.output.dir)

@@ -160,12 +160,12 @@ def test_worker_progress_writes_only_on_rank_0(tmp_path):
     config = load_config(
         TrainingConfig, None, [f"output.dir={tmp_path / 'out'}", "logging.logging_steps=1"]
     )
-    silent = ProgressLog.for_worker(config, total_steps=3, world_size=2, rank=1)
+    silent = ProgressLog.for_worker(config, total_steps=3, rank=1)
     _steps(silent, 1)
     silent.close()
     assert not (tmp_path / "out").exists()
 
-    progress = ProgressLog.for_worker(config, total_steps=3, world_size=2, rank=0, start_step=1)
+    progress = ProgressLog.for_worker(config, total_steps=3, rank=0, start_step=1)
     assert progress.log_every == 1 and progress.global_batch == 64
     _steps(progress, 2)
     progress.close()
@@ -211,7 +211,7 @@ def test_no_bar_when_off_but_every_progress_line(tmp_path):
         None,
         [f"output.dir={tmp_path / 'out'}", "logging.logging_steps=1", "logging.progress_bar=off"],
     )
-    progress = ProgressLog.for_worker(config, total_steps=2, world_size=1, rank=0)
+    progress = ProgressLog.for_worker(config, total_steps=2, rank=0)
     assert progress.bar is None
     _steps(progress, 2)
     progress.close()
