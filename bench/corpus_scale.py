@@ -106,8 +106,8 @@ def _ranks(feeder, world: int):
 
 
 def _text_source(path: str, **data):
-    from distributed_emb.config import DataConfig
     from distributed_emb.data.corpus import start_drop_counter
+    from distributed_emb.data.data_config import DataConfig
     from distributed_emb.data.stream import text_source
 
     counter = start_drop_counter()

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_emb.config import TrainLoopConfig
 from distributed_emb.losses.objective import LossConfig
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.step import plain_step
+from distributed_emb.train.train_config import TrainLoopConfig
 
 DATASHEET_BF16_TFLOPS = 989.0  # H100/H200 SXM dense bf16
 

@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from distributed_emb.config import TrainLoopConfig
 from distributed_emb.tables import markdown_table
+from distributed_emb.train.train_config import TrainLoopConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -57,9 +57,10 @@ def time_data_path(
     import ray
     from transformers import AutoTokenizer
 
-    from distributed_emb.config import DataConfig, load_config
+    from distributed_emb.config import load_config
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.data.corpus import start_drop_counter
+    from distributed_emb.data.data_config import DataConfig
     from distributed_emb.data.epoch_order import DataPosition, EpochOrder
     from distributed_emb.data.epoch_stream import numpy_batch
     from distributed_emb.data.global_batches import BatchPlan, RankStream

@@ -50,12 +50,12 @@ def profile_step(
     from torch.profiler import ProfilerActivity, profile, record_function
     from transformers import AutoTokenizer
 
-    from distributed_emb.config import TrainLoopConfig
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.losses.objective import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.step import forward_objective
+    from distributed_emb.train.train_config import TrainLoopConfig
 
     transformers.logging.set_verbosity_error()
     previous = torch.get_num_threads()
@@ -141,7 +141,6 @@ def step_ab(
     import transformers
     from transformers import AutoTokenizer
 
-    from distributed_emb.config import TrainLoopConfig
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.data.global_batches import length_groups
     from distributed_emb.losses.objective import LossConfig
@@ -149,6 +148,7 @@ def step_ab(
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.optim import build_optimizer, build_scheduler
     from distributed_emb.train.step import plain_step
+    from distributed_emb.train.train_config import TrainLoopConfig
 
     transformers.logging.set_verbosity_error()
     previous = torch.get_num_threads()

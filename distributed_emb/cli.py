@@ -18,10 +18,11 @@ from typing import Any
 
 import yaml
 
-from distributed_emb.config import ConfigError, load_config, lookup, read_yaml, to_dict
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import load_config, read_yaml, to_dict
 from distributed_emb.errors import UserInputError
 from distributed_emb.runtime import LOG_FORMAT, setup_logging, start_ray
-from distributed_emb.settings import key_docs
+from distributed_emb.settings import key_docs, lookup
 
 log = logging.getLogger("distributed_emb")
 

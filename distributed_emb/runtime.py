@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from distributed_emb.console import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
 
 if TYPE_CHECKING:
-    from distributed_emb.config import RayConfig
+    from distributed_emb.ray_config import RayConfig
 
 log = logging.getLogger("distributed_emb")
 

@@ -41,10 +41,45 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]  # numpy's and Ray Data's larges
 
 
 def section(cls: type[T]) -> type[T]:
-    """A config section: a dataclass whose fields pydantic validates strictly."""
+    """A config section: a dataclass whose fields pydantic validates strictly, and which
+    `freeze` can close once a run has resolved it."""
     cls = dataclass(cls)
     cls.__pydantic_config__ = _SECTION_CONFIG  # read by pydantic for standard dataclasses
+    cls.__setattr__ = _refuse_when_frozen
     return cls
+
+
+class FrozenSettingsError(AttributeError):
+    """A resolved run's settings changed: resolve a copy (`dataclasses.replace`) instead."""
+
+
+def _refuse_when_frozen(self, name: str, value: Any) -> None:
+    if self.__dict__.get(_FROZEN):
+        raise FrozenSettingsError(
+            f"{type(self).__name__}.{name}: the run's settings are resolved and frozen; "
+            "change a copy (dataclasses.replace) before resolving"
+        )
+    object.__setattr__(self, name, value)
+
+
+_FROZEN = "_frozen_settings"
+
+
+def freeze(config: T) -> T:
+    """Close `config` and every section under it to assignment; returns it. A frozen tree
+    pickles and deep-copies frozen; `dataclasses.replace` gives an open copy. Why not frozen
+    dataclasses: the loader and the jobs build a config in steps before a run resolves it;
+    after that one step (train/resolved_run.py) nothing may change what the run uses."""
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            freeze(value)
+    object.__setattr__(config, _FROZEN, True)
+    return config
+
+
+def is_frozen(config: Any) -> bool:
+    return bool(getattr(config, "__dict__", {}).get(_FROZEN))
 
 
 @functools.cache

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distributed_emb.config import flatten, to_dict  # flatten: MLflow params are flat
+from distributed_emb.config import to_dict
+from distributed_emb.settings import flatten
 
 log = logging.getLogger(__name__)
 

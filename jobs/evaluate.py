@@ -33,8 +33,8 @@ import copy
 import sys
 from pathlib import Path
 
+from distributed_emb.checks import ConfigError
 from distributed_emb.cli import Flag, Job, run_job
-from distributed_emb.config import ConfigError, require_model_dir
 from distributed_emb.evaluation import beir
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.comparison import compare_results, format_comparison
@@ -47,6 +47,7 @@ from distributed_emb.evaluation.suite import (
     evaluate,
     senteval_tasks,
 )
+from distributed_emb.model.model_config import require_model_dir
 from distributed_emb.paths import shipped_senteval_dir
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from distributed_emb.checks import ConfigError
 from distributed_emb.cli import Flag, Job, run_job
-from distributed_emb.config import ConfigError, to_dict
+from distributed_emb.config import to_dict
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.train.job import check_model_lengths, check_retrieval_data, check_storage
 from distributed_emb.tune.search_config import SearchJobConfig

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from harness.jobs import run
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.mcr2.compression_config import MCR2Config
 from distributed_emb.tune.search_config import SearchJobConfig

@@ -2,15 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from distributed_emb.config import (
-    ConfigError,
-    TrainingConfig,
-    TrainLoopConfig,
-    load_config,
-    parse_override,
-    require_range,
-    validate_worker_counts,
-)
+from distributed_emb.checks import ConfigError, require_range
+from distributed_emb.config import TrainingConfig, load_config, parse_override
+from distributed_emb.train.train_config import TrainLoopConfig, validate_worker_counts
 
 
 def test_yaml_and_overrides_merge(tmp_path):

@@ -23,8 +23,10 @@ LAYERS = [
         "settings",
         "selection",
     },
-    {"data", "losses"},  # what is read and what is optimised: no settings of their own kind
-    {"config"},  # the training settings (declared over data's and losses' sections)
+    {"data", "losses"},  # what is read and what is optimised
+    # Each package's own settings, declared beside it (SECTION_MODULES), read nothing above.
+    {"sections", "ray_config", "logging_config"},
+    {"config"},  # the loader, and the training job's composition of the sections
     {"tracking", "plots", "resource_plan", "watchdog", "runtime"},  # the run around the model
     {"model", "evaluation"},
     {"train"},
@@ -32,10 +34,22 @@ LAYERS = [
     {"cli"},  # the one way into every job (jobs/ sits above it)
 ]
 LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+# Settings sections that live in a package above `config` but are declarations only: `config`
+# composes them, so they sit below it and may read only what lies below them.
+SECTION_MODULES = {
+    "distributed_emb.model.model_config",
+    "distributed_emb.model.export_config",
+    "distributed_emb.train.train_config",
+    "distributed_emb.train.output_config",
+    "distributed_emb.evaluation.eval_config",
+}
 
 
 def room(module: str) -> str:
-    """distributed_emb.train.loop → train; distributed_emb.config → config."""
+    """distributed_emb.train.loop → train; distributed_emb.config → config;
+    distributed_emb.model.model_config → sections."""
+    if module in SECTION_MODULES or module.rsplit(".", 1)[0] in SECTION_MODULES:
+        return "sections"  # the module, or a name imported from it
     return module.split(".")[1]
 
 

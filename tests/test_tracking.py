@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from distributed_emb import console, tracking
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.console import (
     REPEATING_RAY_LOGGERS,
     RepeatFilter,

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
+from distributed_emb.checks import require as _require
 from distributed_emb.errors import UserInputError
 
 FORMATS = {
@@ -236,3 +237,28 @@ def resolve_sources(specs: str | list[str], hf_split: str = "train") -> CorpusFi
             files.append(SourceFile(info.path, fmt, compression, len(files), info.size))
             filesystems.append(filesystem)
     return CorpusFiles(specs, files, filesystems)
+
+
+def require_sources(paths: list[str], key: str) -> None:
+    """Each data source exists here, unless data/sources.py reads it from elsewhere.
+
+    Object-store URIs (s3://, gs://, ...) and hub datasets ('org/name', 'name',
+    hf://datasets/org/name) cannot be checked here; a local path, directory or glob must
+    exist or match. 'corpus/docs.jsonl' is a missing file, not a hub name (it has a suffix).
+    """
+    for path in paths:
+        if is_remote(path) or is_hub_name(path):
+            continue
+        if any(ch in path for ch in "*?["):
+            _require(
+                bool(glob.glob(os.path.expanduser(path), recursive=True)),
+                key,
+                f"{path} matches no file",
+            )
+            continue
+        _require(
+            Path(path).expanduser().exists(),
+            key,
+            f"{path} does not exist (a Hugging Face hub dataset is named 'org/name' or "
+            "hf://datasets/org/name)",
+        )

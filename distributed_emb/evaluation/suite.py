@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from distributed_emb.config import ConfigError, RayConfig, validate_ray_config
+from distributed_emb.checks import ConfigError
 from distributed_emb.evaluation import beir
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.geometry import sts_geometry
@@ -39,6 +39,7 @@ from distributed_emb.evaluation.transfer import (
 )
 from distributed_emb.model.embedder import EmbeddingLookup, make_encoder, use_encoding_pool
 from distributed_emb.paths import default_model_path, shipped_senteval_dir
+from distributed_emb.ray_config import RayConfig, validate_ray_config
 from distributed_emb.settings import section
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from typing import Annotated
 from pydantic import Field
 
 from distributed_emb.atomic_files import write_text_atomic
-from distributed_emb.config import ConfigError, OutputConfig, require_range
+from distributed_emb.checks import ConfigError, require_range
 from distributed_emb.data.documents import read_documents
 from distributed_emb.evaluation.comparison import compare_results
 from distributed_emb.evaluation.document_retrieval import same_document_ranks
@@ -63,6 +63,7 @@ from distributed_emb.infocse.rounds import (
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
+from distributed_emb.train.output_config import OutputConfig
 from distributed_emb.train.trainer import run_training
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,9 @@ import logging
 from dataclasses import asdict
 
 from distributed_emb import storage
-from distributed_emb.config import ConfigError, TrainingConfig, flatten, to_dict
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.settings import flatten
 from distributed_emb.train.run_identity import differences, identity
 
 log = logging.getLogger(__name__)

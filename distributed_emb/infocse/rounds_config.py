@@ -11,16 +11,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from distributed_emb.config import (
-    OutputConfig,
-    TrainingConfig,
-    _require,
-    require_sources,
-    training_sections,
-)
+from distributed_emb.checks import require as _require
+from distributed_emb.config import TrainingConfig, training_sections
 from distributed_emb.data.documents import DocumentsConfig
+from distributed_emb.data.sources import require_sources
 from distributed_emb.infocse.annotate import AnnotationConfig
 from distributed_emb.settings import Seed, section
+from distributed_emb.train.output_config import OutputConfig
 
 
 @section

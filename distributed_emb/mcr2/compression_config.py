@@ -12,19 +12,16 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from distributed_emb.checks import ConfigError, require
-from distributed_emb.config import (
-    LoggingConfig,
-    RayConfig,
-    require_model_dir,
-    require_sources,
-    validate_ray_config,
-)
 from distributed_emb.data.beir_layout import BeirDataError, list_splits
+from distributed_emb.data.sources import require_sources
 from distributed_emb.evaluation.transfer import TransferConfig
+from distributed_emb.logging_config import LoggingConfig
 from distributed_emb.losses.loss_config import COMPRESSION_DISTILL_WEIGHT, MCR2LossConfig
 from distributed_emb.mcr2.data import PairsConfig, SentencesConfig
 from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
+from distributed_emb.model.model_config import require_model_dir
+from distributed_emb.ray_config import RayConfig, validate_ray_config
 from distributed_emb.selection import STSB_DEV, check_select_by
 from distributed_emb.settings import Seed, section
 

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import yaml
 
 from distributed_emb.atomic_files import write_text_atomic
-from distributed_emb.config import TrainingConfig, flatten, to_dict
+from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.sources import is_hub_name, is_remote
 from distributed_emb.selection import (
     DEV_METRIC,
@@ -38,6 +38,7 @@ from distributed_emb.selection import (
     retrieval_split,
     selected_metric,
 )
+from distributed_emb.settings import flatten
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from distributed_emb import distributed
-from distributed_emb.config import TrainLoopConfig, merge_trees
+from distributed_emb.config import merge_trees
 from distributed_emb.data.global_batches import split_rows
 from distributed_emb.train.checkpointing import (
     MODEL_FILE,
@@ -37,6 +37,7 @@ from distributed_emb.train.checkpointing import (
     save_module_weights,
 )
 from distributed_emb.train.optim import build_optimizer, build_scheduler
+from distributed_emb.train.train_config import TrainLoopConfig
 
 DEEPSPEED_TAG = "deepspeed"
 

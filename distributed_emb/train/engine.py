@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from distributed_emb import distributed
-from distributed_emb.config import TrainLoopConfig
 from distributed_emb.train.checkpointing import (
     MODEL_FILE,
     load_encoder_weights,
@@ -31,6 +30,7 @@ from distributed_emb.train.checkpointing import (
 from distributed_emb.train.deepspeed_engine import DeepSpeedEngine
 from distributed_emb.train.optim import build_optimizer, build_scheduler
 from distributed_emb.train.precision import resolve_precision
+from distributed_emb.train.train_config import TrainLoopConfig
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"

@@ -3,6 +3,7 @@ cli.run_job): its checks before Ray starts, its resource plan, the run and its s
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from distributed_emb.checks import require
@@ -18,11 +19,6 @@ from distributed_emb.storage_paths import require_writable
 from distributed_emb.train.run_identity import prepare_run
 
 
-def prepare(config: TrainingConfig) -> None:
-    # Before anything uses them: the run's identity is of the absolute paths.
-    config.make_paths_absolute()
-
-
 def check(config: TrainingConfig) -> None:
     """Before Ray starts: the storage the run writes to, an earlier run under the same name
     (run_training checks again and, for --overwrite, deletes), and the corpus (listed; a small
@@ -31,7 +27,8 @@ def check(config: TrainingConfig) -> None:
     check_model_lengths(config)
     check_compression_head(config)
     check_retrieval_data(config)
-    prepare_run(config, dry_run=True)
+    # The run's identity is of the absolute paths (resolved again, with the layout, when it runs).
+    prepare_run(with_absolute_paths(config), dry_run=True)
     train = config.train
     check_small_corpus(
         config.data,
@@ -39,6 +36,13 @@ def check(config: TrainingConfig) -> None:
         f"train.num_workers {train.max_workers} × train.batch_size {train.batch_size} × "
         f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}",
     )
+
+
+def with_absolute_paths(config: TrainingConfig) -> TrainingConfig:
+    """A copy of `config` whose paths are as the run will resolve them (train/resolved_run.py)."""
+    absolute = copy.deepcopy(config)
+    absolute.make_paths_absolute()
+    return absolute
 
 
 def check_storage(config: TrainingConfig) -> None:
@@ -164,7 +168,6 @@ def summarise_run(metrics: dict) -> str:
 # and jobs/finetune_mcr2.py: `Job(..., **TRAINING_STEPS)`).
 TRAINING_STEPS = {
     "config_class": TrainingConfig,
-    "prepare": prepare,
     "check": check,
     "plan": plan,
     "run": run,

@@ -22,7 +22,7 @@ import os
 import ray
 import torch
 
-from distributed_emb.config import TrainLoopConfig
+from distributed_emb.train.train_config import TrainLoopConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import transformers
 from transformers import AutoTokenizer
 
 from distributed_emb import distributed
-from distributed_emb.config import TrainingConfig, TrainLoopConfig, training_config_from_dict
+from distributed_emb.config import TrainingConfig, training_config_from_dict
 from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
@@ -51,6 +51,7 @@ from distributed_emb.train.precision import resolve_precision
 from distributed_emb.train.progress import ProgressLog
 from distributed_emb.train.step import plain_step
 from distributed_emb.train.teacher import Teacher
+from distributed_emb.train.train_config import TrainLoopConfig
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from distributed_emb.config import TrainLoopConfig
+from distributed_emb.train.train_config import TrainLoopConfig
 
 
 def build_optimizer(

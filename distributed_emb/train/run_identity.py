@@ -29,8 +29,10 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from distributed_emb.config import ConfigError, TrainingConfig, flatten, to_dict
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.training_stream import check_same_stream
+from distributed_emb.settings import flatten
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from distributed_emb.config import ConfigError, TrainingConfig
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig
 from distributed_emb.model.encoder import TrainableEncoder
 
 

@@ -38,9 +38,8 @@ from distributed_emb.selection import (
 )
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
-from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.loop import build_encoder, train_loop_per_worker
-from distributed_emb.train.progress import resolve_progress_bar
+from distributed_emb.train.resolved_run import resolve_run
 from distributed_emb.train.run_identity import (
     check_resumed_stream,
     prepare_run,
@@ -72,9 +71,9 @@ def build_trainer(
     or whose rank 0 starts the feeder for a streamed corpus). `worker_cpus`: each
     worker's CPU reservation from the resource plan (resource_plan.py), when it lowered
     `train.cpus_per_worker`."""
+    config = resolve_run(config)  # a Tune trial's, or a bench's, resolved here
     train = config.train
     storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
-    resolve_progress_bar(config)  # the workers' stderr is a file: the driver's console decides
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -167,13 +166,9 @@ def run_training(
     `stream`: what to train on (default: data/training_stream.py's choice for `config`).
     `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
-    config.make_paths_absolute()
+    # From here on the settings are what the run uses, decided once and frozen.
+    config = resolve_run(config)
     output = Path(config.output.dir)
-    # train.layout=auto becomes a concrete layout first: the resource plan, the run's
-    # identity and its checkpoints all see the workers that will run.
-    layout = apply_layout(config.train)
-    if layout is not None:
-        log.info(layout)
     check_teacher(config)  # a distillation teacher that cannot serve fails before Ray Train
     # Before any data or Ray work: an earlier run under this name is continued only when it
     # is this run (same settings) or the user said so (output.resume).

@@ -34,7 +34,8 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
-from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, from_dict, to_dict
 from distributed_emb.data.corpus import collect_report, start_drop_counter
 from distributed_emb.data.rank_batches import IndexedSource
 from distributed_emb.data.stream import BlockSource, training_dataset

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from distributed_emb.config import ConfigError, TrainingConfig, training_sections
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, training_sections
 from distributed_emb.settings import Seed, section
 from distributed_emb.tune.search_space import DEFAULT_SEARCH_SPACE, Distribution, parse_search_space
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from ray import tune as ray_tune
 
-from distributed_emb.config import ConfigError, TrainingConfig, from_dict, to_dict
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, from_dict, to_dict
 
 # The space (InforMin-CL's hyperparameters, the ranges the paper grid-searches over).
 DEFAULT_SEARCH_SPACE: dict[str, dict] = {

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.resource_plan import (
     ClusterShape,
     Extra,

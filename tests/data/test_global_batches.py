@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from distributed_emb.config import DataConfig
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.epoch_order import DataPosition, EpochOrder
 from distributed_emb.data.global_batches import (
     BatchPlan,

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distributed_emb.config import ConfigError, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import load_config
 from distributed_emb.evaluation.results_tables import format_results, write_results
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.suite import (

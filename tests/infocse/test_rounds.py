@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from distributed_emb.config import ConfigError, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import load_config
 from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.rounds import RoundRecord, _print_row, _save
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
@@ -92,8 +93,8 @@ def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_
 def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
     """rounds.png holds STS-B dev, retrieval and mined pairs per round (InfoCSE++ steps as
     their own lines); rounds_log.jsonl and TensorBoard one row per round."""
-    from distributed_emb.config import LoggingConfig
     from distributed_emb.infocse import rounds
+    from distributed_emb.logging_config import LoggingConfig
 
     records = [
         RoundRecord(0, "initial", "m0", stsb_dev=70.0, retrieval_mrr=0.5,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distributed_emb.config import ConfigError, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import load_config
 from distributed_emb.evaluation.paired_bootstrap import PairedDifference
 from distributed_emb.mcr2.comparison_report import (
     intervals_table,

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.model.model_card import (
     PACKAGED_MODEL_ID,
     SECTION_TITLE,

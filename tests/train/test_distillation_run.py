@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from conftest import build_tiny_bert
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.train.teacher import check_teacher
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from distributed_emb.config import TrainingConfig, TrainLoopConfig, load_config
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.engine import build_engine
 from distributed_emb.train.layout import NodeShape, apply_layout, auto_layout
 from distributed_emb.train.precision import cpu_may_have_native_bf16, resolve_precision
+from distributed_emb.train.train_config import TrainLoopConfig
 
 
 def test_cpu_node_puts_the_global_batch_in_one_worker_with_every_core():

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distributed_emb.config import TrainLoopConfig
 from distributed_emb.data.global_batches import split_rows
 from distributed_emb.losses.objective import LossConfig
+from distributed_emb.train.train_config import TrainLoopConfig
 
 ANCHORS = [
     "A man is playing a guitar.",

@@ -19,7 +19,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from distributed_emb.config import DeepSpeedConfig, TrainLoopConfig
 from distributed_emb.data.global_batches import split_rows
 from distributed_emb.losses.objective import LossConfig
 from distributed_emb.train.grad_cache import (
@@ -29,6 +28,7 @@ from distributed_emb.train.grad_cache import (
     split_mini_batches,
 )
 from distributed_emb.train.step import forward_objective, plain_step
+from distributed_emb.train.train_config import DeepSpeedConfig, TrainLoopConfig
 
 SENTENCES = [
     "A man is playing a guitar on the street.",

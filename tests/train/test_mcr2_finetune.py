@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.losses.distillation import similarity_distillation_loss
 from distributed_emb.losses.mcr2 import MCR2LossConfig, coding_rate, compressed_coding_rate
 from distributed_emb.losses.objective import LossConfig, embedding_objective

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distributed_emb.config import TrainLoopConfig
 from distributed_emb.train.optim import build_optimizer, build_scheduler
+from distributed_emb.train.train_config import TrainLoopConfig
 
 
 def learning_rates(steps: int, **train_settings) -> list[float]:

@@ -4,7 +4,8 @@ picks the exported evaluation from a history (distributed_emb/selection.py)."""
 import pytest
 from harness.tiny_run import tiny_beir_dir
 
-from distributed_emb.config import ConfigError, TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.selection import (
     DEV_METRIC,
     SELECT_METRIC,

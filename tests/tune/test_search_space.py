@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from distributed_emb.config import ConfigError, TrainingConfig
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig
 from distributed_emb.tune.search_space import (
     DEFAULT_SEARCH_SPACE,
     Distribution,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributed_emb.config import ConfigError, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import load_config
 from distributed_emb.resource_plan import ClusterShape, Node
 from distributed_emb.selection import SELECT_METRIC
 from distributed_emb.tune.driver import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from distributed_emb.config import ConfigError, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import load_config
 from distributed_emb.tune.search_config import SearchJobConfig, asha_budget
 from distributed_emb.tune.search_space import DEFAULT_SEARCH_SPACE, parse_search_space
 
