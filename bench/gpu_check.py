@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_emb.losses.objective import LossConfig
+from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.model.encoder import TrainableEncoder
 from distributed_emb.train.step import plain_step
 from distributed_emb.train.train_config import TrainLoopConfig

@@ -46,7 +46,7 @@ TRAIN = TrainLoopConfig(max_grad_norm=1.0, learning_rate=1e-5)
 def _peak_rss_mib() -> float:
     # VmHWM: this process image's own high-water mark (ru_maxrss would also keep the RSS the
     # spawned worker had as a fork of this script before it exec'd).
-    from distributed_emb.train.loop import peak_rss_mb
+    from distributed_emb.train.worker import peak_rss_mb
 
     return peak_rss_mb()
 
@@ -58,7 +58,7 @@ def _worker(rank: int, init_file: str, per_worker: int, mini: int | None, steps:
     from transformers import AutoTokenizer
 
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.losses.objective import LossConfig
+    from distributed_emb.losses.loss_config import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.paths import default_model_path, shipped_corpus
     from distributed_emb.train.engine import DDPEngine

@@ -150,7 +150,7 @@ def drive(documents_path: str, model_dir: str, workdir: str) -> dict:
     from distributed_emb.data.documents import DocumentsConfig, read_documents
     from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents
     from distributed_emb.infocse.pairs import pair_overlap_on_cluster
-    from distributed_emb.train.loop import peak_rss_mb
+    from distributed_emb.train.worker import peak_rss_mb
 
     ray.init(
         address="local",

@@ -80,7 +80,7 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     """One TorchTrainer fit (Ray must be running); steady-state numbers from its windows."""
     from distributed_emb.data.training_stream import training_stream
     from distributed_emb.train.checkpointing import STATE_FILE, LoopState
-    from distributed_emb.train.trainer import build_trainer, planned_worker_cpus
+    from distributed_emb.train.driver import build_trainer, planned_worker_cpus
 
     started = time.perf_counter()
     stream = training_stream(

@@ -37,12 +37,12 @@ def measure(model_path: str, batch: int, seq: int, threads: int, steps: int) -> 
     import torch
     import transformers
 
-    from distributed_emb.losses.objective import LossConfig
+    from distributed_emb.losses.loss_config import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
-    from distributed_emb.train.loop import peak_rss_mb  # VmHWM, as the workers report
     from distributed_emb.train.step import plain_step
     from distributed_emb.train.train_config import TrainLoopConfig
+    from distributed_emb.train.worker import peak_rss_mb  # VmHWM, as the workers report
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)

@@ -51,7 +51,7 @@ def profile_step(
     from transformers import AutoTokenizer
 
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.losses.objective import LossConfig
+    from distributed_emb.losses.loss_config import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.step import forward_objective
@@ -143,7 +143,7 @@ def step_ab(
 
     from distributed_emb.data.collate import ContrastiveCollator
     from distributed_emb.data.global_batches import length_groups
-    from distributed_emb.losses.objective import LossConfig
+    from distributed_emb.losses.loss_config import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
     from distributed_emb.train.optim import build_optimizer, build_scheduler

@@ -18,7 +18,7 @@ from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.data.documents import check_small_documents
 from distributed_emb.infocse import compare
 from distributed_emb.storage_paths import require_writable
-from distributed_emb.train import job as train_job
+from distributed_emb.train import driver as train_driver
 
 INFOCSE_DEFAULTS = Path(__file__).parent / "configs" / "infocse_default.yaml"
 
@@ -35,9 +35,9 @@ def check(config: compare.ComparisonConfig) -> None:
     """Before Ray starts: the storage the arms' runs use, and the documents (listed; small
     local ones parsed)."""
     require_writable(config.output.storage_path, "output.storage_path")
-    train_job.check_model_lengths(config)
-    train_job.check_retrieval_data(config)
-    train_job.check_compression_head(config)
+    train_driver.check_model_lengths(config)
+    train_driver.check_retrieval_data(config)
+    train_driver.check_compression_head(config)
     check_small_documents(config.documents)
 
 

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Job, run_job
-from distributed_emb.train import job
+from distributed_emb.train import driver
 
 JOB = Job(
     description=__doc__.splitlines()[0],
     default_config=Path(__file__).parent / "configs" / "mcr2_finetune.yaml",
-    **job.TRAINING_STEPS,
+    **driver.TRAINING_STEPS,
 )
 
 

@@ -21,16 +21,16 @@ from distributed_emb.cli import Job, run_job
 from distributed_emb.data.documents import check_small_documents
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.storage_paths import require_writable
-from distributed_emb.train import job as train_job
+from distributed_emb.train import driver as train_driver
 
 
 def check(config: InfoCSEConfig) -> None:
     """Before Ray starts: the storage the rounds live on, and the documents (listed; small
     local ones parsed)."""
     require_writable(config.output.storage_path, "output.storage_path")
-    train_job.check_model_lengths(config)
-    train_job.check_retrieval_data(config)
-    train_job.check_compression_head(config)
+    train_driver.check_model_lengths(config)
+    train_driver.check_retrieval_data(config)
+    train_driver.check_compression_head(config)
     check_small_documents(config.documents)
 
 

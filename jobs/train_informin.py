@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 from distributed_emb.cli import Job, run_job
-from distributed_emb.train import job
+from distributed_emb.train import driver
 
 JOB = Job(
     description="Train with InforMin-CL on Ray Train.",
     default_config=Path(__file__).parent / "configs" / "informin_default.yaml",
-    **job.TRAINING_STEPS,
+    **driver.TRAINING_STEPS,
 )
 
 

@@ -22,7 +22,7 @@ from distributed_emb.checks import ConfigError
 from distributed_emb.cli import Flag, Job, run_job
 from distributed_emb.config import to_dict
 from distributed_emb.data.corpus import check_small_corpus
-from distributed_emb.train.job import check_model_lengths, check_retrieval_data, check_storage
+from distributed_emb.train.driver import check_model_lengths, check_retrieval_data, check_storage
 from distributed_emb.tune.search_config import SearchJobConfig
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "tune_default.yaml"

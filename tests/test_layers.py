@@ -30,7 +30,7 @@ LAYERS = [
     {"tracking", "plots", "resource_plan", "watchdog", "runtime"},  # the run around the model
     {"model", "evaluation"},
     {"train"},
-    {"infocse", "mcr2", "tune"},  # the methods, over the training core
+    {"infocse", "mcr2", "tune", "vectors"},  # the methods, and embed/search/mine, over the core
     {"cli"},  # the one way into every job (jobs/ sits above it)
 ]
 LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
@@ -46,7 +46,7 @@ SECTION_MODULES = {
 
 
 def room(module: str) -> str:
-    """distributed_emb.train.loop → train; distributed_emb.config → config;
+    """distributed_emb.train.worker → train; distributed_emb.config → config;
     distributed_emb.model.model_config → sections."""
     if module in SECTION_MODULES or module.rsplit(".", 1)[0] in SECTION_MODULES:
         return "sections"  # the module, or a name imported from it

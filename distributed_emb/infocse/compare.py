@@ -63,8 +63,8 @@ from distributed_emb.infocse.rounds import (
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
+from distributed_emb.train.driver import run_training
 from distributed_emb.train.output_config import OutputConfig
-from distributed_emb.train.trainer import run_training
 
 log = logging.getLogger(__name__)
 

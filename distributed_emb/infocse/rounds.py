@@ -83,7 +83,7 @@ from distributed_emb.selection import (
     retrieval_split,
 )
 from distributed_emb.tracking import MetricsSinks
-from distributed_emb.train.trainer import export_checkpoint, run_training
+from distributed_emb.train.driver import export_checkpoint, run_training
 
 log = logging.getLogger(__name__)
 

@@ -68,10 +68,16 @@ import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from distributed_emb import distributed
+from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.losses.mlm import mlm_loss
-from distributed_emb.losses.objective import LossConfig, add_mlm_term, embedding_objective
 from distributed_emb.train.engine import Engine
-from distributed_emb.train.step import _full_precision, global_means, rank_weight
+from distributed_emb.train.step import (
+    _full_precision,
+    add_mlm_term,
+    embedding_objective,
+    global_means,
+    rank_weight,
+)
 
 MLM_KEYS = ("mlm_input_ids", "mlm_attention_mask", "mlm_labels")
 

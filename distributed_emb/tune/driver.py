@@ -49,8 +49,8 @@ from distributed_emb.resource_plan import (
     compute_plan,
 )
 from distributed_emb.selection import SELECT_METRIC
-from distributed_emb.train.loop import plan_steps
-from distributed_emb.train.trainer import build_trainer, worker_resources
+from distributed_emb.train.driver import build_trainer, worker_resources
+from distributed_emb.train.worker import plan_steps
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_config import SearchJobConfig, asha_budget
 from distributed_emb.tune.search_space import (

@@ -30,7 +30,7 @@ from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.selection import SELECT_METRIC, STSB_DEV, describe, selected_metric
 from distributed_emb.tables import markdown_table
 from distributed_emb.train.checkpointing import STATE_FILE
-from distributed_emb.train.trainer import export_checkpoint
+from distributed_emb.train.driver import export_checkpoint
 from distributed_emb.tune.search_space import apply_params
 
 # Tune statuses → what happened, in the table's words.

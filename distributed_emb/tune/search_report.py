@@ -16,7 +16,7 @@ from dataclasses import asdict
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.selection import describe
-from distributed_emb.train.trainer import stsb_test
+from distributed_emb.train.driver import stsb_test
 from distributed_emb.tune.driver import SearchRun, search_paths
 from distributed_emb.tune.results import (
     ERROR,

@@ -34,7 +34,7 @@ def _upload_corpus_shards(bucket: str, lines: list[str]) -> None:
 def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
     from harness.tiny_run import tiny_config
 
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     bucket = s3.create_bucket("distributed-emb-test")
     lines = open(shipped_corpus("wiki_sentences.txt")).read().splitlines()[:200]

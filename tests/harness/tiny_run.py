@@ -99,7 +99,7 @@ def tiny_run_config(model_path: str, directory: Path, *overrides: str):
 def finished_tiny_run(model_path: str, directory: Path):
     """(config, TrainingResult) of the tiny run, trained on the Ray this process is connected
     to."""
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     config = tiny_run_config(model_path, directory)
     return config, run_training(config)

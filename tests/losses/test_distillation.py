@@ -3,7 +3,8 @@ import torch
 
 from distributed_emb.losses.distillation import distillation_loss, similarity_distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
-from distributed_emb.losses.objective import LossConfig, embedding_objective
+from distributed_emb.losses.loss_config import LossConfig
+from distributed_emb.train.step import embedding_objective
 
 
 def test_distillation_is_the_mean_of_both_views_element_mse():

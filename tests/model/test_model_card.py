@@ -36,7 +36,7 @@ def _fake_checkpoint(config, directory, history):
         LoopState,
         save_module_weights,
     )
-    from distributed_emb.train.loop import build_encoder
+    from distributed_emb.train.worker import build_encoder
 
     torch.manual_seed(0)
     encoder = build_encoder(config)
@@ -51,7 +51,7 @@ def _fake_checkpoint(config, directory, history):
 
 @pytest.mark.slow
 def test_export_is_a_shareable_model_with_its_card_and_full_length(tiny_bert_path, tmp_path):
-    from distributed_emb.train.trainer import export_checkpoint
+    from distributed_emb.train.driver import export_checkpoint
 
     config = load_config(
         TrainingConfig,

@@ -4,7 +4,7 @@ without the step-0 model."""
 from types import SimpleNamespace
 
 from distributed_emb.selection import DEV_METRIC, SELECT_METRIC
-from distributed_emb.train.trainer import _best_checkpoint
+from distributed_emb.train.driver import _best_checkpoint
 
 
 def _result(scores_by_step: dict[int, float], latest: str = "latest"):

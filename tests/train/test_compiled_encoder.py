@@ -7,7 +7,7 @@ import torch
 
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.model.encoder import TrainableEncoder
-from distributed_emb.train.loop import build_encoder
+from distributed_emb.train.worker import build_encoder
 
 
 def _batch(length: int, rows: int = 6, vocab: int = 1000) -> dict[str, torch.Tensor]:

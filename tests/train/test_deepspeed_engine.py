@@ -18,7 +18,7 @@ def test_zero2_matches_ddp_losses(ray_local, tiny_run, tmp_path, tiny_bert_path)
     losses, learning rates and dev scores step by step."""
     from harness.tiny_run import tiny_run_config
 
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     ddp_config, _ = tiny_run
     zero_config = tiny_run_config(

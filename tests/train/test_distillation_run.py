@@ -102,7 +102,7 @@ def test_distillation_pulls_the_student_onto_the_teacher(ray_local, tmp_path, ti
     from distributed_emb.model.embedder import embed_module
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.paths import shipped_senteval_dir
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     student = build_tiny_bert(tmp_path / "student", seed=1)
     config = _config(

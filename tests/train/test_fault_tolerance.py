@@ -59,7 +59,7 @@ def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_be
     from harness.row_log import kept_steps, resumed_from, row_log_records
     from harness.tiny_run import tiny_config, tiny_corpus
 
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     config = tiny_config(
         tiny_bert_path,

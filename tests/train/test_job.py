@@ -1,7 +1,7 @@
 """The training job's summary on the console (distributed_emb/train/job.py)."""
 
 from distributed_emb.selection import given_model_line
-from distributed_emb.train.job import summarise_run
+from distributed_emb.train.driver import summarise_run
 
 
 def _metrics(**extra):

@@ -9,7 +9,7 @@ import pytest
 def test_length_grouped_run_trains_every_planned_step(ray_local, tiny_bert_path, tmp_path):
     from harness.tiny_run import tiny_config, tiny_corpus
 
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     config = tiny_config(
         tiny_bert_path,

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from distributed_emb.checks import ConfigError
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.losses.distillation import similarity_distillation_loss
+from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.losses.mcr2 import MCR2LossConfig, coding_rate, compressed_coding_rate
-from distributed_emb.losses.objective import LossConfig, embedding_objective
 from distributed_emb.mcr2.export_with_head import export_compressed_model
 from distributed_emb.model.compression_head import CompressionHead, load_head
 from distributed_emb.paths import shipped_corpus
+from distributed_emb.train.step import embedding_objective
 
 HEAD_DIM = 8
 SENTENCES = ["a cat sat on the mat.", "stocks fell sharply today.", "the dog ran.", "rain."]
@@ -142,7 +143,7 @@ def test_bad_fine_tuning_settings_name_the_key(
     overrides, key, says, tmp_path, tiny_bert_path, head_export
 ):
     """Refused when the config loads, or (the head's files) by the job's checks before Ray."""
-    from distributed_emb.train.job import check_compression_head
+    from distributed_emb.train.driver import check_compression_head
 
     with pytest.raises(ConfigError, match=f"{key}.*{says}"):
         check_compression_head(_config(tmp_path, tiny_bert_path, head_export, *overrides))
@@ -167,7 +168,7 @@ def test_fine_tuning_trains_the_encoder_and_head_and_exports_both(
     unit 8-d vectors) differs from the start in both the encoder and the head."""
     from sentence_transformers import SentenceTransformer
 
-    from distributed_emb.train.trainer import run_training
+    from distributed_emb.train.driver import run_training
 
     config = _config(
         tmp_path, tiny_bert_path, head_export, "train.learning_rate=1e-3",

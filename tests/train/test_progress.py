@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from distributed_emb.config import TrainingConfig, load_config
-from distributed_emb.train.loop import _timed, peak_rss_mb, worker_threads
 from distributed_emb.train.progress import ProgressLog, resolve_progress_bar, show_progress_bar
+from distributed_emb.train.worker import _timed, peak_rss_mb, worker_threads
 
 
 class _Clock:

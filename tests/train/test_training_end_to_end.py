@@ -20,7 +20,7 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     from distributed_emb.evaluation.senteval_data import read_sts_benchmark
     from distributed_emb.paths import shipped_senteval_dir
     from distributed_emb.train.checkpointing import STATE_FILE, load_encoder_weights
-    from distributed_emb.train.loop import build_encoder
+    from distributed_emb.train.worker import build_encoder
 
     tiny_config, result = tiny_run
     metrics = json.loads((Path(tiny_config.output.dir) / "metrics.json").read_text())
@@ -48,7 +48,7 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     assert metrics["stsb_dev_best"] == best["stsb_dev_spearman"]  # STS-B dev at that step
     # "exported": the step, or, when the start won, the one line that says the given model is
     # handed back unchanged; the job's summary prints that line once.
-    from distributed_emb.train.job import summarise_run
+    from distributed_emb.train.driver import summarise_run
 
     summary = summarise_run(metrics).splitlines()
     if metrics["best_step"] == 0:

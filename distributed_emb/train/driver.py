@@ -1,11 +1,16 @@
-"""Driver side of a training run: data → TorchTrainer → best checkpoint → exported model.
+"""The driver side of a training run, and the training job's own steps.
 
-`run_training` is what jobs/train_informin.py, the InfoCSE rounds and the Tune driver all call,
-so there is one copy of the training wiring.
+jobs/train_informin.py and jobs/finetune_mcr2.py run `TRAINING_STEPS` through cli.run_job:
+the checks before Ray starts, the resource plan (`--plan`), the run and its summary.
+`run_training` — what those jobs, the InfoCSE rounds and the Tune driver all call, so there is
+one copy of the training wiring — resolves the settings once (train/resolved_run.py), checks an
+earlier run and the stream it trained on, hands each Ray Train worker train/worker.py's loop,
+then exports the best checkpoint and writes metrics.json.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -18,27 +23,41 @@ from ray.train.torch import TorchTrainer
 from transformers import AutoTokenizer
 
 from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.checks import require
 from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.data.beir_layout import list_splits, read_splits
+from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.data.global_batches import batch_plan
 from distributed_emb.data.training_stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
+from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.export import export_sentence_transformer
-from distributed_emb.model.model_card import card_info, export_max_seq_length, finalize_export
+from distributed_emb.model.model_card import (
+    card_info,
+    export_max_seq_length,
+    finalize_export,
+    position_limit,
+)
 from distributed_emb.model.sentence_transformer import ends_with_normalize
+from distributed_emb.paths import default_model_path
 from distributed_emb.plots import write_run_plots
-from distributed_emb.resource_plan import check_training_plan
+from distributed_emb.resource_plan import check_training_plan, cluster_from_ray, training_plan
 from distributed_emb.selection import (
     DEV_METRIC,
     SELECT_BY,
     SELECT_METRIC,
+    STSB_DEV,
     best_row,
+    describe,
     exported_evaluation,
+    is_given_model,
+    scored_splits,
 )
 from distributed_emb.storage import copy_to_storage, run_uri
+from distributed_emb.storage_paths import require_writable
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
-from distributed_emb.train.loop import build_encoder, train_loop_per_worker
 from distributed_emb.train.resolved_run import resolve_run
 from distributed_emb.train.run_identity import (
     check_resumed_stream,
@@ -46,9 +65,153 @@ from distributed_emb.train.run_identity import (
     resolve_run_name,
 )
 from distributed_emb.train.teacher import check_teacher
+from distributed_emb.train.worker import build_encoder, train_loop_per_worker
 from distributed_emb.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)
+
+
+def check(config: TrainingConfig) -> None:
+    """Before Ray starts: the storage the run writes to, an earlier run under the same name
+    (run_training checks again and, for --overwrite, deletes), and the corpus (listed; a small
+    local one counted)."""
+    check_storage(config)
+    check_model_lengths(config)
+    check_compression_head(config)
+    check_retrieval_data(config)
+    # The run's identity is of the absolute paths (resolved again, with the layout, when it runs).
+    prepare_run(with_absolute_paths(config), dry_run=True)
+    train = config.train
+    check_small_corpus(
+        config.data,
+        train.global_batch * train.gradient_accumulation_steps,
+        f"train.num_workers {train.max_workers} × train.batch_size {train.batch_size} × "
+        f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}",
+    )
+
+
+def with_absolute_paths(config: TrainingConfig) -> TrainingConfig:
+    """A copy of `config` whose paths are as the run will resolve them (train/resolved_run.py)."""
+    absolute = copy.deepcopy(config)
+    absolute.make_paths_absolute()
+    return absolute
+
+
+def check_storage(config: TrainingConfig) -> None:
+    require_writable(config.output.dir, "output.dir")
+    require_writable(config.output.storage_path, "output.storage_path")
+    require_writable(config.data.token_cache_dir, "data.token_cache_dir")
+
+
+def check_retrieval_data(config: TrainingConfig) -> None:
+    """The eval.retrieval_dir splits every evaluation will score, read and checked here: a
+    malformed line (BeirDataError, naming file:line) fails before Ray starts, not in every
+    Train worker minutes in. Object storage is read where it is used."""
+    directory = config.eval.retrieval_dir
+    if directory is None or "://" in directory:
+        return
+    read_splits(directory, scored_splits(list_splits(directory), config.eval.select_by))
+
+
+def check_model_lengths(config: TrainingConfig) -> None:
+    """model.max_seq_length and export.max_seq_length within what the model's position
+    embeddings take (its config.json): past them a Train worker fails on an index, minutes in.
+    A hub name or a model on object storage is checked where it is loaded."""
+    path = config.model.path or default_model_path()
+    if "://" in path or not Path(path).is_dir():
+        return
+    limit = position_limit(path)
+    if limit is None:
+        return
+    for key, value in (
+        ("model.max_seq_length", config.model.max_seq_length),
+        ("export.max_seq_length", config.export.max_seq_length),
+    ):
+        require(
+            value is None or value <= limit,
+            key,
+            f"must be <= {limit} (the position embeddings of {path}), got {value}",
+        )
+
+
+def check_compression_head(config: TrainingConfig) -> None:
+    """model.compression_head: a head directory of jobs/train_mcr2.py whose encoder was read
+    with this run's model.pooler."""
+    m = config.model
+    if m.compression_head is None:
+        return
+    require(
+        Path(m.compression_head).is_dir(),
+        "model.compression_head",
+        f"{m.compression_head} is not a directory (give a models/mcr2-<dim> directory "
+        "written by jobs/train_mcr2.py)",
+    )
+    info_file = Path(m.compression_head) / HEAD_INFO_FILE
+    require(
+        info_file.is_file(),
+        "model.compression_head",
+        f"{info_file} is missing (a models/mcr2-<dim> directory of jobs/train_mcr2.py holds it)",
+    )
+    head_pooler = read_head_info(m.compression_head).get("pooler")
+    require(
+        head_pooler == m.pooler,
+        "model.pooler",
+        (
+            f"is {m.pooler}, but the head in {m.compression_head} read {head_pooler} pooling "
+            f"(model.pooler of jobs/train_mcr2.py): set model.pooler={head_pooler}"
+        )
+        if head_pooler
+        else f"the head in {m.compression_head} read the encoder as saved (model.pooler null "
+        "in jobs/train_mcr2.py); retrain it with model.pooler set",
+    )
+
+
+def plan(config: TrainingConfig) -> int:
+    """`--plan`: the resource plan on the cluster the run would use; 0 if it fits (now or once
+    the autoscaler adds nodes), 3 if it never can."""
+    plan = training_plan(config, cluster_from_ray())
+    print(plan.table())
+    return 3 if plan.problem else 0
+
+
+def run(config: TrainingConfig) -> int:
+    result = run_training(config)
+    print(summarise_run(result.metrics))
+    return 0
+
+
+def summarise_run(metrics: dict) -> str:
+    def fmt(value, spec=".2f"):
+        return "n/a" if value is None else format(value, spec)
+
+    corpus = metrics.get("corpus") or {}
+    select_by = metrics.get("select_by", STSB_DEV)
+    chosen = []
+    if select_by != STSB_DEV:  # the score that chose, then STS-B dev at the same points
+        chosen = [
+            f"chosen on:        {describe(select_by)} {fmt(metrics.get('dev_before'))} → "
+            f"{fmt(metrics.get('dev_after'))} (best {fmt(metrics.get('dev_best'))} at step "
+            f"{metrics.get('best_step')}, exported)"
+        ]
+    exported = "best" if select_by == STSB_DEV else "exported"
+    # The start won: the one line that says the model handed back is the one given.
+    given = [metrics["exported"]] if is_given_model(metrics.get("exported")) else []
+    return "\n".join(
+        [
+            f"model:            {metrics.get('model_dir')}",
+            *chosen,
+            f"STS-B dev:        {fmt(metrics.get('stsb_dev_before'))} → "
+            f"{fmt(metrics.get('stsb_dev_after'))} ({exported} "
+            f"{fmt(metrics.get('stsb_dev_best'))} at step {metrics.get('best_step')})",
+            f"STS-B test:       {fmt(metrics.get('stsb_test'))} (exported model)",
+            f"steps:            {metrics.get('steps')} × global batch "
+            f"{metrics.get('global_batch')}",
+            f"sentences/s:      {fmt(metrics.get('sentences_per_s'), '.1f')}",
+            f"corpus:           kept {corpus.get('kept')}, dropped {corpus.get('dropped')}",
+            f"wall time:        {fmt(metrics.get('wall_time_s'), '.0f')} s",
+            *given,
+        ]
+    )
 
 
 @dataclass
@@ -297,3 +460,14 @@ def stsb_test(config: TrainingConfig, model_dir: str) -> float | None:
     except SentEvalDataError as error:
         log.warning("no STS-B test of %s: %s", model_dir, error)
         return None
+
+
+# What a training job declares besides its description and default YAML (jobs/train_informin.py
+# and jobs/finetune_mcr2.py: `Job(..., **TRAINING_STEPS)`).
+TRAINING_STEPS = {
+    "config_class": TrainingConfig,
+    "check": check,
+    "plan": plan,
+    "run": run,
+    "earlier_run_flags": True,
+}
