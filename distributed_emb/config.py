@@ -33,7 +33,6 @@ from distributed_emb.logging_config import LoggingConfig
 from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.model.export_config import ExportConfig, validate_export_config
 from distributed_emb.model.model_config import ModelConfig, require_model_dir
-from distributed_emb.paths import default_model_path
 from distributed_emb.ray_config import RayConfig, validate_ray_config
 from distributed_emb.settings import build, flatten, key_docs, lookup, section
 from distributed_emb.train.output_config import OutputConfig
@@ -368,11 +367,8 @@ class TrainingConfig:
 
     @property
     def model_path(self) -> str:
-        """The encoder to start from, as a directory this process can open (a model on object
-        storage is copied to the node once: storage.local_model_dir)."""
-        from distributed_emb.storage import local_model_dir
-
-        return local_model_dir(self.model.path or default_model_path())
+        """The encoder to start from, as a directory this process can open."""
+        return self.model.local_path()
 
     def stream_settings(self) -> StreamSettings:
         """What the data path needs from the other sections (data/stream_settings.py)."""

@@ -52,6 +52,14 @@ class ModelConfig:
         ),
     ] = None
 
+    def local_path(self) -> str:
+        """The encoder to start from, as a directory this process can open (a model on object
+        storage is copied to the node once: storage.local_model_dir)."""
+        from distributed_emb.paths import default_model_path
+        from distributed_emb.storage import local_model_dir
+
+        return local_model_dir(self.path or default_model_path())
+
 
 def looks_like_hub_name(text: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) is not None

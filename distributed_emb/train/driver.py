@@ -253,7 +253,7 @@ def build_trainer(
             resources_per_worker=worker_resources(config, worker_cpus),
         ),
         run_config=RunConfig(
-            name=run_name or resolve_run_name(config),
+            name=run_name or resolve_run_name(config.output),
             storage_path=storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=config.output.checkpoints_to_keep,
@@ -289,7 +289,7 @@ def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: s
     with a model card (the evaluations so far come from the checkpoint's loop state;
     model_card.finalize_export adds the run's final metrics)."""
     transformers.logging.set_verbosity_error()
-    encoder = build_encoder(config)
+    encoder = build_encoder(config.model, config.loss, config.train)
     load_encoder_weights(encoder, checkpoint_dir)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model_path, trust_remote_code=config.model.trust_remote_code
@@ -332,7 +332,9 @@ def run_training(
     # From here on the settings are what the run uses, decided once and frozen.
     config = resolve_run(config)
     output = Path(config.output.dir)
-    check_teacher(config)  # a distillation teacher that cannot serve fails before Ray Train
+    check_teacher(
+        config.model, config.loss
+    )  # a distillation teacher that cannot serve fails before Ray Train
     # Before any data or Ray work: an earlier run under this name is continued only when it
     # is this run (same settings) or the user said so (output.resume).
     run_name = prepare_run(config)
@@ -342,7 +344,7 @@ def run_training(
     # A checkpoint's data position must index this stream (a rebuilt or removed token cache,
     # other data settings): refused here, before Ray Train starts any worker.
     plan = batch_plan(config.data, config.train.global_batch)
-    check_resumed_stream(config, run_name, stream.identity(plan))
+    check_resumed_stream(config.output, run_name, stream.identity(plan))
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
     trainer = build_trainer(
         config, stream, run_name, callbacks=callbacks, **planned_worker_cpus(config)

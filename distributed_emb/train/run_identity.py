@@ -33,6 +33,7 @@ from distributed_emb.checks import ConfigError
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.training_stream import check_same_stream
 from distributed_emb.settings import flatten
+from distributed_emb.train.output_config import OutputConfig
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +129,9 @@ def _shown(settings: dict, key: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_location(config: TrainingConfig, run_name: str):
+def run_location(output: OutputConfig, run_name: str):
     """(pyarrow filesystem, path of the run directory in it, the directory as shown to users)."""
-    storage = config.output.storage_path or str(Path(config.output.dir) / "ray_results")
+    storage = output.storage_path or str(Path(output.dir) / "ray_results")
     if "://" in storage:
         filesystem, root = pafs.FileSystem.from_uri(storage)
         shown = f"{storage.rstrip('/')}/{run_name}"
@@ -173,11 +174,11 @@ def stored_identity(filesystem, checkpoint_dir: str) -> dict | None:
     return identity_record(config_tree) if config_tree is not None else None
 
 
-def check_resumed_stream(config: TrainingConfig, run_name: str, stream: dict) -> None:
+def check_resumed_stream(output: OutputConfig, run_name: str, stream: dict) -> None:
     """Refuse to resume a checkpoint whose data position indexes another stream than `stream`
     (data/training_stream.py TrainingStream.identity), naming what changed: a token cache
     built, rebuilt or removed, another corpus or cut. On the driver, before Ray Train starts."""
-    filesystem, run_dir, _ = run_location(config, run_name)
+    filesystem, run_dir, _ = run_location(output, run_name)
     checkpoint = latest_checkpoint(filesystem, run_dir)
     if checkpoint is None:
         return
@@ -190,13 +191,13 @@ def check_resumed_stream(config: TrainingConfig, run_name: str, stream: dict) ->
 # ---------------------------------------------------------------------------------------------
 
 
-def resolve_run_name(config: TrainingConfig) -> str:
+def resolve_run_name(output: OutputConfig) -> str:
     """output.run_name; else "train" inside the output directory's own ray_results (one run
     per output directory, so an interrupted run resumes); else, on shared storage, a name no
     other run has (output.run_name is what makes such a run resumable)."""
-    if config.output.run_name:
-        return config.output.run_name
-    if config.output.storage_path is None:
+    if output.run_name:
+        return output.run_name
+    if output.storage_path is None:
         return DEFAULT_RUN_NAME
     return f"{DEFAULT_RUN_NAME}-{int(time.time())}"
 
@@ -208,10 +209,10 @@ def prepare_run(config: TrainingConfig, dry_run: bool = False) -> str:
     `dry_run`: check only, delete nothing (the command line, before Ray starts).
     """
     mode = config.output.resume
-    run_name = resolve_run_name(config)
+    run_name = resolve_run_name(config.output)
     output = Path(config.output.dir)
     results = [name for name in RESULT_FILES if (output / name).exists()]
-    filesystem, run_dir, shown = run_location(config, run_name)
+    filesystem, run_dir, shown = run_location(config.output, run_name)
 
     if mode == "overwrite":
         if not dry_run:

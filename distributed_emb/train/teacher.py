@@ -18,16 +18,17 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from distributed_emb.checks import ConfigError
-from distributed_emb.config import TrainingConfig
+from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.model.encoder import TrainableEncoder
+from distributed_emb.model.model_config import ModelConfig
 
 
-def check_teacher(config: TrainingConfig) -> None:
+def check_teacher(model: ModelConfig, loss: LossConfig) -> None:
     """Refuse, naming the key, a teacher whose vocabulary or width differs from the student's."""
-    teacher = config.loss.distill_teacher
+    teacher = loss.distill_teacher
     if teacher is None:  # none, or MCR²'s default: the starting model itself
         return
-    student, trust = config.model_path, config.model.trust_remote_code
+    student, trust = model.local_path(), model.trust_remote_code
     teacher_vocab = AutoTokenizer.from_pretrained(teacher, trust_remote_code=trust).get_vocab()
     student_vocab = AutoTokenizer.from_pretrained(student, trust_remote_code=trust).get_vocab()
     if teacher_vocab != student_vocab:
@@ -36,7 +37,7 @@ def check_teacher(config: TrainingConfig) -> None:
             f"model.path {student}'s ({len(student_vocab)}): the teacher embeds the student's "
             "token ids, so both need the same tokenizer"
         )
-    if config.loss.distill_weight == 0:  # MCR²'s term alone compares similarities, not vectors
+    if loss.distill_weight == 0:  # MCR²'s term alone compares similarities, not vectors
         return
     widths = [
         AutoConfig.from_pretrained(path, trust_remote_code=trust).hidden_size
@@ -53,12 +54,12 @@ class Teacher:
     """(2B, L) batch → (2B, d) teacher vectors. Rows of the two views that are the same text
     (a sentence corpus) are embedded once."""
 
-    def __init__(self, config: TrainingConfig, device: torch.device):
+    def __init__(self, model: ModelConfig, loss: LossConfig, device: torch.device):
         self.encoder = TrainableEncoder(
-            config.loss.distill_teacher or config.model_path,
-            pooler=config.model.pooler,
+            loss.distill_teacher or model.local_path(),
+            pooler=model.pooler,
             mlp_head=False,
-            trust_remote_code=config.model.trust_remote_code,
+            trust_remote_code=model.trust_remote_code,
         )
         self.encoder.eval().requires_grad_(False).to(device)
 

@@ -25,18 +25,22 @@ import transformers
 from transformers import AutoTokenizer
 
 from distributed_emb import distributed
-from distributed_emb.config import TrainingConfig, training_config_from_dict
+from distributed_emb.config import training_config_from_dict
 from distributed_emb.data.collate import ContrastiveCollator
+from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.epoch_order import DataPosition
 from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
 from distributed_emb.data.global_batches import batch_plan, split_rows
 from distributed_emb.data.rank_batches import open_rank_stream
 from distributed_emb.data.training_stream import check_same_stream
 from distributed_emb.evaluation.beir import RetrievalSplit, list_splits, read_splits, score_splits
+from distributed_emb.evaluation.eval_config import EvalConfig
 from distributed_emb.evaluation.sts import stsb_score
+from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.model.compression_head import load_head
 from distributed_emb.model.embedder import embed_module
 from distributed_emb.model.encoder import TrainableEncoder
+from distributed_emb.model.model_config import ModelConfig
 from distributed_emb.selection import (
     DEV_METRIC,
     SELECT_METRIC,
@@ -56,42 +60,44 @@ from distributed_emb.train.train_config import TrainLoopConfig
 log = logging.getLogger(__name__)
 
 
-def build_encoder(config: TrainingConfig) -> TrainableEncoder:
-    head_dir = config.model.compression_head
+def build_encoder(model: ModelConfig, loss: LossConfig, train: TrainLoopConfig) -> TrainableEncoder:
+    """The encoder a run trains (and its export rebuilds): model.*, with the MLM head when the
+    loss uses it, compiled when train.compile."""
+    head_dir = model.compression_head
     encoder = TrainableEncoder(
-        config.model_path,
-        pooler=config.model.pooler,
-        mlp_head=config.model.mlp_head != "none",
-        with_mlm_head=config.loss.mlm_weight > 0,
-        trust_remote_code=config.model.trust_remote_code,
+        model.local_path(),
+        pooler=model.pooler,
+        mlp_head=model.mlp_head != "none",
+        with_mlm_head=loss.mlm_weight > 0,
+        trust_remote_code=model.trust_remote_code,
         compression_head=load_head(head_dir) if head_dir else None,
     )
-    if config.train.compile:
+    if train.compile:
         encoder.compile_backbone()
     return encoder
 
 
-def plan_steps(config: TrainingConfig, num_rows: int | None) -> int:
+def plan_steps(train: TrainLoopConfig, num_rows: int | None) -> int:
     """Optimizer steps in total (what the learning-rate schedule spans).
 
     `num_rows` None: the corpus was not counted (a stream with `train.max_steps` set), and the
     run takes `max_steps` steps unless its epochs run out first."""
     if num_rows is None:
-        if config.train.max_steps is None:
+        if train.max_steps is None:
             raise ValueError("an uncounted corpus needs train.max_steps")
-        return config.train.max_steps
+        return train.max_steps
     # The global batch is the same for every group size (elastic groups included), so the
     # schedule is too.
-    batches_per_epoch = num_rows // config.train.global_batch
-    if batches_per_epoch < config.train.gradient_accumulation_steps:
+    batches_per_epoch = num_rows // train.global_batch
+    if batches_per_epoch < train.gradient_accumulation_steps:
         raise ValueError(
             f"{num_rows} rows give no full step at a global batch of "
-            f"{config.train.global_batch} × {config.train.gradient_accumulation_steps} "
+            f"{train.global_batch} × {train.gradient_accumulation_steps} "
             "accumulation"
         )
-    steps = config.train.epochs * batches_per_epoch // config.train.gradient_accumulation_steps
-    if config.train.max_steps is not None:
-        steps = min(steps, config.train.max_steps)
+    steps = train.epochs * batches_per_epoch // train.gradient_accumulation_steps
+    if train.max_steps is not None:
+        steps = min(steps, train.max_steps)
     return steps
 
 
@@ -119,7 +125,7 @@ class WorkerRun:
         # An elastic group of any size trains the same global batch G = train.global_batch, so
         # the config keeps num_workers and batch_size as declared (W need not divide G, and no
         # W × rows would give G): this worker's rows are split_rows' ⌊G/W⌋ or ⌈G/W⌉.
-        torch.set_num_threads(worker_threads(config))
+        torch.set_num_threads(worker_threads(config.train))
         # A different seed per rank: each worker's dropout masks must differ.
         torch.manual_seed(config.train.seed + self.rank)
         random.seed(config.train.seed + self.rank)
@@ -128,18 +134,20 @@ class WorkerRun:
         self.tokenizer = AutoTokenizer.from_pretrained(
             config.model_path, trust_remote_code=config.model.trust_remote_code
         )
-        self.encoder = build_encoder(config)
+        self.encoder = build_encoder(config.model, config.loss, config.train)
         self.encoder.train()  # from_pretrained gives eval mode: without this, no dropout noise
-        self.total_steps = plan_steps(config, loop_config["num_rows"])
+        self.total_steps = plan_steps(config.train, loop_config["num_rows"])
         self.engine = build_engine(
             self.encoder, self._decided_precision(), self.total_steps, self.device
         )
         self.weights = config.loss
         # Distillation's frozen teacher (loss.distill_weight, or MCR²'s μ): its vectors are
         # each batch's targets, computed before the step (train/teacher.py).
-        self.teacher = Teacher(config, self.device) if self.weights.needs_teacher else None
+        self.teacher = (
+            Teacher(config.model, config.loss, self.device) if self.weights.needs_teacher else None
+        )
         self.accumulation = config.train.gradient_accumulation_steps
-        self.step_fn = _step_function(config, self.world)
+        self.step_fn = _step_function(config.train, self.world)
 
         self.state = LoopState()
         self._restore()
@@ -149,8 +157,10 @@ class WorkerRun:
         self.state.stream = loop_config["stream"]
 
         # eval.retrieval_dir's splits, read once: every evaluation searches them again.
-        self.retrieval = retrieval_splits(config)
-        self.collate = _collator(config, self.tokenizer, self.rank)
+        self.retrieval = retrieval_splits(config.eval)
+        self.collate = _collator(
+            config.model, config.data, config.loss, self.tokenizer, config.train.seed + self.rank
+        )
         self.row_log = (
             TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
         )
@@ -278,7 +288,9 @@ class WorkerRun:
         # Every rank embeds its share of the dev sentences; rank 0's scores are the ones
         # reported (all ranks compute the same; the broadcast makes that exact).
         scores = distributed.broadcast_object(
-            _dev_scores(self.encoder, self.tokenizer, self.config, self.retrieval)
+            _dev_scores(
+                self.encoder, self.tokenizer, self.config.model, self.config.eval, self.retrieval
+            )
         )
         selected = selected_metric(self.config.eval.select_by)
         metrics = {
@@ -319,24 +331,26 @@ class WorkerRun:
         self.progress.close()
 
 
-def _collator(config: TrainingConfig, tokenizer, rank: int) -> ContrastiveCollator:
+def _collator(
+    model: ModelConfig, data: DataConfig, loss: LossConfig, tokenizer, seed: int
+) -> ContrastiveCollator:
     return ContrastiveCollator(
         tokenizer,
-        config.model.max_seq_length,
-        kind=config.data.kind,
-        text_column=config.data.text_column,
-        anchor_column=config.data.anchor_column,
-        positive_column=config.data.positive_column,
-        group_column=config.data.group_column,
-        mlm_probability=config.loss.mlm_probability if config.loss.mlm_weight > 0 else None,
-        seed=config.train.seed + rank,
+        model.max_seq_length,
+        kind=data.kind,
+        text_column=data.text_column,
+        anchor_column=data.anchor_column,
+        positive_column=data.positive_column,
+        group_column=data.group_column,
+        mlm_probability=loss.mlm_probability if loss.mlm_weight > 0 else None,
+        seed=seed,
     )
 
 
-def worker_threads(config: TrainingConfig) -> int:
+def worker_threads(train: TrainLoopConfig) -> int:
     """Torch threads per worker: `train.torch_threads`, else the worker's CPUs rounded up
     (2.5 CPUs → 3 threads; Python's round() would give 2: it rounds halves to even)."""
-    return config.train.torch_threads or max(1, math.ceil(config.train.cpus_per_worker))
+    return train.torch_threads or max(1, math.ceil(train.cpus_per_worker))
 
 
 def peak_rss_mb() -> float:
@@ -377,49 +391,52 @@ def _timed(batches: Iterable) -> Iterator[tuple[object, float]]:
         yield batch, time.perf_counter() - asked
 
 
-def _step_function(config: TrainingConfig, world: int):
+def _step_function(train: TrainLoopConfig, world: int):
     """GradCache when `train.mini_batch_size` is below this group's largest slice (⌈G/W⌉
     rows: the same on every rank, so every rank takes the same step, as ZeRO needs)."""
-    begin, end = split_rows(config.train.global_batch, world, 0)
-    if config.train.mini_batch_size is not None and config.train.mini_batch_size < end - begin:
+    begin, end = split_rows(train.global_batch, world, 0)
+    if train.mini_batch_size is not None and train.mini_batch_size < end - begin:
         return lambda engine, batch, weights, sync: cached_step(
-            engine, batch, weights, config.train.mini_batch_size, sync
+            engine, batch, weights, train.mini_batch_size, sync
         )
     return plain_step
 
 
-def retrieval_splits(config: TrainingConfig) -> list[RetrievalSplit]:
+def retrieval_splits(e: EvalConfig) -> list[RetrievalSplit]:
     """The splits of eval.retrieval_dir every evaluation scores (selection.scored_splits;
     none without a directory)."""
-    directory = config.eval.retrieval_dir
+    directory = e.retrieval_dir
     if directory is None:
         return []
-    return read_splits(directory, scored_splits(list_splits(directory), config.eval.select_by))
+    return read_splits(directory, scored_splits(list_splits(directory), e.select_by))
 
 
 def _dev_scores(
-    encoder: TrainableEncoder, tokenizer, config: TrainingConfig, retrieval: list[RetrievalSplit]
+    encoder: TrainableEncoder,
+    tokenizer,
+    model: ModelConfig,
+    e: EvalConfig,
+    retrieval: list[RetrievalSplit],
 ) -> dict[str, float]:
     """STS-B dev Spearman and nDCG@10 of each retrieval split (× 100) of the module being
     trained, embedded as its export will embed. Called on every rank: each embeds 1/W of the
     texts (distributed.map_sharded), so evaluation takes 1/W of the time it took when rank 0
     alone embedded them all; every rank makes the same encode calls, as the gathers need."""
-    include_mlp = config.model.mlp_head == "export"
+    include_mlp = model.mlp_head == "export"
 
     def embed(sentences: list[str]) -> np.ndarray:
         return embed_module(
             encoder,
             tokenizer,
             sentences,
-            config.model.max_seq_length,
-            config.eval.batch_size,
+            model.max_seq_length,
+            e.batch_size,
             include_mlp,
         )
 
     def encode(sentences: list[str]) -> np.ndarray:
         return distributed.map_sharded(sentences, embed, order_key=len)
 
-    e = config.eval
     scores = {DEV_METRIC: stsb_score(encode, "dev", e.senteval_dir, e.max_pairs)}
     if retrieval:  # one pass over the corpus for every split (beir.score_splits)
         for split, result in score_splits(encode, retrieval).items():

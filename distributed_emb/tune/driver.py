@@ -188,7 +188,7 @@ def check_batches_fit(base: TrainingConfig, space: dict[str, Distribution], num_
     the key, instead of as an errored trial."""
     for key, value, config in _candidate_configs(base, space):
         try:
-            plan_steps(config, num_rows)
+            plan_steps(config.train, num_rows)
         except ValueError as error:
             where = f"search.{key}={value}" if key else "train.batch_size"
             raise ConfigError(f"{where}: {error}") from None

@@ -321,18 +321,18 @@ def test_zero_cpu_head_plus_worker_nodes_seen_from_ray(cluster):
 @pytest.mark.ray
 def test_never_fitting_run_fails_before_ray_train_starts(cluster, tmp_path, monkeypatch):
 
-    from distributed_emb.train import trainer
+    from distributed_emb.train import driver
 
     cluster.add_node(num_cpus=2, object_store_memory=80 * 1024**2)
     _wait_for_cpus(cluster, 2)
     built = []
-    monkeypatch.setattr(trainer, "build_trainer", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(driver, "build_trainer", lambda *a, **k: built.append(a))
 
     from harness.tiny_run import unread_stream
 
     config = _config("train.num_workers=8", "train.max_steps=2", f"output.dir={tmp_path}")
     with pytest.raises(PlanError, match=r"train.num_workers=1"):
-        trainer.run_training(config, stream=unread_stream())
+        driver.run_training(config, stream=unread_stream())
     assert built == []
 
 

@@ -39,7 +39,7 @@ def _fake_checkpoint(config, directory, history):
     from distributed_emb.train.worker import build_encoder
 
     torch.manual_seed(0)
-    encoder = build_encoder(config)
+    encoder = build_encoder(config.model, config.loss, config.train)
     with torch.no_grad():  # move away from the initial weights, as training would
         for p in encoder.parameters():
             p.add_(0.01 * torch.randn_like(p))

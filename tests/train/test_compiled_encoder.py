@@ -57,8 +57,10 @@ def test_padding_for_the_compiled_graph_is_masked_and_cut_back(tiny_bert_path):
 
 def test_train_compile_compiles_the_trained_encoder(tiny_bert_path):
     overrides = [f"model.path={tiny_bert_path}"]
-    plain = build_encoder(load_config(TrainingConfig, None, overrides))
+    plain_config = load_config(TrainingConfig, None, overrides)
+    plain = build_encoder(plain_config.model, plain_config.loss, plain_config.train)
     assert plain.pad_to_multiple_of is None
-    compiled = build_encoder(load_config(TrainingConfig, None, [*overrides, "train.compile=true"]))
+    compiled_config = load_config(TrainingConfig, None, [*overrides, "train.compile=true"])
+    compiled = build_encoder(compiled_config.model, compiled_config.loss, compiled_config.train)
     assert compiled.pad_to_multiple_of == 8
     assert compiled.backbone._compiled_call_impl is not None  # nn.Module.compile() was called

@@ -73,7 +73,7 @@ def test_a_teacher_of_another_width_or_vocabulary_fails_before_ray(tmp_path, tin
     wide = build_tiny_bert(tmp_path / "wide", hidden=48)
     config = _config(tmp_path, tiny_bert_path, wide)
     with pytest.raises(ConfigError, match=r"loss\.distill_teacher: .* 48 dimensions.* 32"):
-        check_teacher(config)
+        check_teacher(config.model, config.loss)
 
     other_vocab = tmp_path / "other_vocab"
     build_tiny_bert(other_vocab)
@@ -85,7 +85,7 @@ def test_a_teacher_of_another_width_or_vocabulary_fails_before_ray(tmp_path, tin
     with pytest.raises(
         ConfigError, match=r"loss\.distill_teacher: .*vocabulary \(6 tokens\) is not model\.path"
     ):
-        check_teacher(config)
+        check_teacher(config.model, config.loss)
 
 
 @pytest.mark.slow

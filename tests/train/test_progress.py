@@ -55,10 +55,10 @@ def test_window_counts_steps_and_waits_but_not_evaluation_time(monkeypatch):
 
 
 def test_timed_measures_the_wait_for_each_item(monkeypatch):
-    from distributed_emb.train import loop as loop_module
+    from distributed_emb.train import worker as worker_module
 
     clock = _Clock()
-    monkeypatch.setattr(loop_module, "time", clock)
+    monkeypatch.setattr(worker_module, "time", clock)
 
     def slow():
         for i in range(3):
@@ -77,7 +77,7 @@ def test_worker_threads_round_cpus_up_unless_set(cpus, threads, expected):
     overrides = [f"train.cpus_per_worker={cpus}"]
     if threads is not None:
         overrides.append(f"train.torch_threads={threads}")
-    assert worker_threads(load_config(TrainingConfig, None, overrides)) == expected
+    assert worker_threads(load_config(TrainingConfig, None, overrides).train) == expected
 
 
 def test_peak_rss_is_this_process_high_water_mark():

@@ -19,7 +19,7 @@ from harness.tiny_run import unread_stream
 from distributed_emb.cli import job_config
 from distributed_emb.config import TrainingConfig, load_config, to_dict
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
-from distributed_emb.train import trainer
+from distributed_emb.train import driver
 from distributed_emb.train.checkpointing import LoopState, save_loop_state
 from distributed_emb.train.run_identity import (
     IDENTITY_FILE,
@@ -42,7 +42,7 @@ def no_training(monkeypatch):
         started.append(run_name)
         raise TrainingStarted(run_name)
 
-    monkeypatch.setattr(trainer, "build_trainer", fake_build_trainer)
+    monkeypatch.setattr(driver, "build_trainer", fake_build_trainer)
     return started
 
 
@@ -62,7 +62,7 @@ def _earlier_run(config: TrainingConfig, run_dir, checkpoints=("2026-01-01_10-00
 
 
 def _run(config, stream=None):
-    return trainer.run_training(config, stream=stream or unread_stream())
+    return driver.run_training(config, stream=stream or unread_stream())
 
 
 def test_other_settings_under_the_same_run_name_are_refused_before_training(tmp_path, no_training):
@@ -299,4 +299,4 @@ def test_a_real_run_is_refused_with_other_settings(ray_local, tiny_run, tmp_path
         "train.learning_rate=3e-5",
     )
     with pytest.raises(RunIdentityError, match="train.learning_rate 0.0001 → 3e-05"):
-        trainer.run_training(other)
+        driver.run_training(other)

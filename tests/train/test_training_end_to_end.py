@@ -64,7 +64,7 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     assert state["step"] == best["step"]
 
     # The exported model equals the best checkpoint's encoder.
-    encoder = build_encoder(tiny_config)
+    encoder = build_encoder(tiny_config.model, tiny_config.loss, tiny_config.train)
     load_encoder_weights(encoder, result.best_checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(tiny_config.model_path)
     sentences = read_sts_benchmark(shipped_senteval_dir(), "dev").sentences1[:16]
@@ -72,6 +72,11 @@ def test_two_worker_run_checkpoints_evaluates_and_exports(ray_local, tiny_run):
     exported = SentenceTransformer(result.model_dir, device="cpu").encode(sentences)
     np.testing.assert_allclose(exported, expected, rtol=1e-5, atol=1e-5)
     # The weights moved during training (the run did something).
-    fresh = embed_module(build_encoder(tiny_config), tokenizer, sentences, 16)
+    fresh = embed_module(
+        build_encoder(tiny_config.model, tiny_config.loss, tiny_config.train),
+        tokenizer,
+        sentences,
+        16,
+    )
     if metrics["best_step"] > 0:
         assert not np.allclose(fresh, expected, atol=1e-6)
