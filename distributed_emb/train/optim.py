@@ -13,7 +13,7 @@ def build_optimizer(
     module: nn.Module, train: TrainLoopConfig, fused: bool = False
 ) -> torch.optim.AdamW:
     """AdamW with the `train` settings; `fused=True` updates all parameters in one kernel (on
-    CPU ~8× faster than the default per-parameter loop for MiniLM, see docs/BENCHMARKS.md),
+    CPU about 3× faster than the default per-parameter loop for MiniLM: docs/BENCHMARKS.md, 7c),
     same math."""
     # No decay on biases and LayerNorm weights (BERT/SimCSE convention).
     decay, no_decay = [], []

@@ -5,7 +5,7 @@
 - CPU: fp32 when the CPU lists no native bf16 instructions (x86 without AVX512-BF16 or AMX:
   bf16 is emulated there, 15× slower per step on an AVX2 machine, docs/BENCHMARKS.md);
   otherwise measured at start-up by rank 0 (a fraction of a second; its choice is broadcast, so
-  every rank trains in the same precision, train/loop.py): an encoder-sized
+  every rank trains in the same precision, train/worker.py): an encoder-sized
   linear layer, forward and backward, fp32 against bf16 autocast, bf16 taken only when it is
   clearly faster (×1.25; a 2-core EPYC with AVX512-BF16 ran the whole step 1.67× faster).
 Losses stay in fp32 either way (train/step.py).

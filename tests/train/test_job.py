@@ -1,4 +1,4 @@
-"""The training job's summary on the console (distributed_emb/train/job.py)."""
+"""The training job's summary on the console (distributed_emb/train/driver.py)."""
 
 from distributed_emb.selection import given_model_line
 from distributed_emb.train.driver import summarise_run
