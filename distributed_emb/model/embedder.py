@@ -5,10 +5,14 @@
 caller embeds a sentence the same way). It is the callable class given to
 ``Dataset.map_batches`` (each actor loads the model once, then embeds batch after batch) and
 the in-process embedder. The evaluator, the InfoCSE annotator and its round scoring, the
-MCR² tools and the STS-B test of an export all use it. :func:`embed_module` embeds with the
-module being trained (in-training STS-B dev), exactly as its export will.
+MCR² tools, the corpus embedding job and the STS-B test of an export all use it.
+:func:`embed_module` embeds with the module being trained (in-training STS-B dev), exactly as
+its export will.
 
-:func:`ray_encode` wraps that into "list of sentences in, (n, d) array out, same order".
+:func:`encoding_pool` is the one actor pool every Ray encoding runs on: a dataset in, the same
+dataset with an embedding column (or whatever an Embedder subclass returns) out.
+:func:`ray_encode` wraps it into "list of sentences in, (n, d) array out, same order"; the
+corpus embedding job (vectors/corpus_embedding.py) gives it corpus blocks to write as shards.
 Ray Data does not promise to keep row order across an actor pool, so each row carries its
 input index and the output is put back in order by it.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,17 +55,34 @@ class Embedder:
         output_column: str = EMBEDDING_COLUMN,
         device: str | None = None,
         torch_threads: int | None = None,
+        normalize: bool = False,
+        trust_remote_code: bool = False,
     ) -> None:
         if torch_threads is not None:
             # Ray sets OMP threads from the actor's (possibly fractional) CPU share; an
             # explicit count lets one actor use the whole machine when it is alone on it.
             torch.set_num_threads(torch_threads)
         self.model = load_sentence_transformer(
-            model_path, pooler=pooler, max_seq_length=max_seq_length, device=device
+            model_path,
+            pooler=pooler,
+            max_seq_length=max_seq_length,
+            device=device,
+            trust_remote_code=trust_remote_code,
         )
         self.batch_size = batch_size
         self.text_column = text_column
         self.output_column = output_column
+        self.normalize = normalize
+
+    @property
+    def normalizes(self) -> bool:
+        """Are the vectors unit length: L2-normalised here, or by the model's own Normalize
+        module (all-MiniLM-L6-v2 has one)?"""
+        return self.normalize or any(type(m).__name__ == "Normalize" for m in self.model)
+
+    @property
+    def dimension(self) -> int:
+        return int(self.model.get_embedding_dimension())
 
     def embed(self, sentences: Sequence[str]) -> np.ndarray:
         """(n, d) float32 embeddings of `sentences`, in order."""
@@ -69,6 +91,7 @@ class Embedder:
             batch_size=self.batch_size,
             convert_to_numpy=True,
             show_progress_bar=False,
+            normalize_embeddings=self.normalize,
         )
         return np.asarray(embeddings, dtype=np.float32).reshape(len(sentences), -1)
 
@@ -143,6 +166,79 @@ def default_cpus_per_actor(concurrency: int, cluster_cpus: float) -> float:
     return max(0.25, min(1.0, spare / concurrency))
 
 
+def encoding_pool(
+    dataset: ray.data.Dataset,
+    model_path: str,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    max_seq_length: int | None = None,
+    concurrency: int = 1,
+    num_cpus_per_actor: float | None = None,
+    num_gpus_per_actor: float | None = None,
+    torch_threads: int | None = None,
+    normalize: bool = False,
+    trust_remote_code: bool = False,
+    text_column: str = "text",
+    rows_per_call: int | None = None,
+    batch_format: str = "numpy",
+    embedder_class: type[Embedder] = Embedder,
+    embedder_kwargs: dict[str, Any] | None = None,
+    max_restarts: int | None = None,
+) -> ray.data.Dataset:
+    """`dataset` through a pool of `concurrency` encoding actors: each loads the model once
+    (`embedder_class`, an :class:`Embedder` or a subclass given `embedder_kwargs` besides the
+    model's), then takes `rows_per_call` rows a call (default `batch_size`; None: a whole
+    block) and returns what the class returns: the rows plus an embedding column for
+    :class:`Embedder`. Lazy: nothing runs until the result is consumed.
+
+    `num_cpus_per_actor` defaults to a share that leaves one CPU free
+    (:func:`default_cpus_per_actor`); `num_gpus_per_actor` to 1 when the cluster has at least
+    `concurrency` GPUs, else 0. A pool that can never fit fails here (PlanError).
+    `max_restarts`: how often a dead actor (killed, out of memory, its node lost) is restarted
+    with its unfinished calls retried on it; None keeps Ray Data's default (without end)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not ray.is_initialized():
+        ray.init()
+    resources = ray.cluster_resources()
+    if num_cpus_per_actor is None:
+        num_cpus_per_actor = default_cpus_per_actor(concurrency, resources.get("CPU", 1.0))
+    if num_gpus_per_actor is None:
+        num_gpus_per_actor = 1.0 if resources.get("GPU", 0.0) >= concurrency else 0.0
+    check_pool_plan(
+        Extra("encoding actors", concurrency, num_cpus_per_actor, num_gpus_per_actor),
+        fix="the encoder's concurrency or num_cpus_per_actor",
+    )
+    restarts = {}
+    if max_restarts is not None:
+        restarts = {"max_restarts": max_restarts, "max_task_retries": max_restarts}
+    with warnings.catch_warnings():
+        # Ray 2.60 names no parameter for an actor's restarts yet and warns about the remote
+        # args it still reads them from; the warning says nothing the user can act on.
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        return dataset.map_batches(
+            embedder_class,
+            fn_constructor_kwargs={
+                "model_path": model_path,
+                "pooler": pooler,
+                "batch_size": batch_size,
+                "max_seq_length": max_seq_length,
+                "text_column": text_column,
+                "output_column": EMBEDDING_COLUMN,
+                "torch_threads": torch_threads,
+                "normalize": normalize,
+                "trust_remote_code": trust_remote_code,
+                **(embedder_kwargs or {}),
+            },
+            batch_size=batch_size if rows_per_call is None else rows_per_call,
+            batch_format=batch_format,
+            compute=ray.data.ActorPoolStrategy(size=concurrency),
+            num_cpus=num_cpus_per_actor,
+            num_gpus=num_gpus_per_actor,
+            **restarts,
+        )
+
+
 def ray_encode(
     sentences: Sequence[str],
     model_path: str,
@@ -171,37 +267,22 @@ def ray_encode(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not ray.is_initialized():
         ray.init()
-    resources = ray.cluster_resources()
-    if num_cpus_per_actor is None:
-        num_cpus_per_actor = default_cpus_per_actor(concurrency, resources.get("CPU", 1.0))
-    if num_gpus_per_actor is None:
-        num_gpus_per_actor = 1.0 if resources.get("GPU", 0.0) >= concurrency else 0.0
-    check_pool_plan(
-        Extra("encoding actors", concurrency, num_cpus_per_actor, num_gpus_per_actor),
-        fix="the encoder's concurrency or num_cpus_per_actor",
-    )
 
     # Rows sorted by length so each batch pads little; the index column restores the order.
     by_length = sorted(range(n), key=lambda i: len(sentences[i]))
     rows = [{INDEX_COLUMN: i, "text": sentences[i]} for i in by_length]
     num_blocks = max(1, min(math.ceil(n / batch_size), 4 * concurrency))
     dataset = ray.data.from_items(rows, override_num_blocks=num_blocks)
-    embedded = dataset.map_batches(
-        Embedder,
-        fn_constructor_kwargs={
-            "model_path": model_path,
-            "pooler": pooler,
-            "batch_size": batch_size,
-            "max_seq_length": max_seq_length,
-            "text_column": "text",
-            "output_column": EMBEDDING_COLUMN,
-            "torch_threads": torch_threads,
-        },
+    embedded = encoding_pool(
+        dataset,
+        model_path,
+        pooler=pooler,
         batch_size=batch_size,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=concurrency),
-        num_cpus=num_cpus_per_actor,
-        num_gpus=num_gpus_per_actor,
+        max_seq_length=max_seq_length,
+        concurrency=concurrency,
+        num_cpus_per_actor=num_cpus_per_actor,
+        num_gpus_per_actor=num_gpus_per_actor,
+        torch_threads=torch_threads,
     ).select_columns([INDEX_COLUMN, EMBEDDING_COLUMN])
 
     indices: list[np.ndarray] = []

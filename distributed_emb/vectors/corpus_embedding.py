@@ -1,0 +1,452 @@
+"""Embed a whole corpus into Parquet shards, with Ray Data, resumable block by block.
+
+    corpus files ──► read tasks (one per file: data/readers.py, cleaned and counted by
+        │            data/corpus.py KeepCleanRows) ──► one row per corpus block:
+        │            {block (its first line's id), rows, ids[], texts[], embed}
+        ▼
+    encoding actors (model/embedder.py encoding_pool, `embed.concurrency` of them; each loads
+        │            the model once): ShardEmbedder embeds a block's texts, quantises them and
+        │            writes the block as OUT/shards/part-<block>.parquet, whole or not at all
+        ▼
+    the driver: one small summary row per block (rows, written or skipped) ──► manifest.json
+
+Why a block travels as one row: Ray Data merges and splits its own blocks as it likes (a read
+task's output is cut to the target block size and spread for parallelism), so a corpus block
+sent as many rows could reach the writer in pieces. As one row it cannot be split: one actor
+call embeds and writes exactly one corpus block, whatever the cluster does, and a block is the
+unit that is redone when its actor dies (`embed.max_restarts`) and skipped when its shard is
+already there. Block bounds are the reader's (`embed.block_rows` lines of one file), so the same
+corpus gives the same blocks, ids and shard names in every run, whatever the actor count.
+
+Resuming: a present shard is a finished block (shards are written under a temporary name and
+renamed). A rerun into the same OUT reads and cleans the corpus again (exact drop counts, and
+each finished shard's row count is checked against its block) but embeds only the blocks
+without a shard. OUT/embedding_settings.json, written before the first shard, holds everything
+that decides a shard's content (model and its files, pooling, length, precision, block size,
+corpus files and reading rules); a run whose settings differ is refused, naming the key.
+
+The driver holds block ids and counters, never rows or vectors: the int8 calibration's
+per-dimension min and max are folded batch by batch, and `data.max_rows` is turned into "the
+last block and its rows" from a stream of per-block counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from distributed_emb.data.corpus import (
+    STREAM_BLOCK_BYTES,
+    CorpusError,
+    KeepCleanRows,
+    collect_report,
+    corpus_path,
+    start_drop_counter,
+    text_rules,
+)
+from distributed_emb.data.readers import ROW_ID, DropReport, TextRows, read_file_blocks, row_id
+from distributed_emb.data.sources import CorpusFiles, resolve_sources
+from distributed_emb.data.stream import training_dataset
+from distributed_emb.model.embedder import EMBEDDING_COLUMN, Embedder, encoding_pool
+from distributed_emb.storage import join
+from distributed_emb.vectors.embed_config import EmbedJobConfig
+from distributed_emb.vectors.embedding_settings import embedding_settings, require_same_settings
+from distributed_emb.vectors.shard_layout import CALIBRATION, EMBEDDING, FORMAT, ID, MANIFEST, TEXT
+from distributed_emb.vectors.shard_writer import (
+    SETTINGS,
+    SHARDS,
+    finished_shards,
+    load_calibration,
+    read_json,
+    remove_unfinished_writes,
+    save_calibration,
+    shard_location,
+    shard_name,
+    shard_rows,
+    write_json,
+    write_shard,
+)
+from distributed_emb.watchdog import no_silent_stall
+
+log = logging.getLogger(__name__)
+
+# The columns of a block row (one corpus block) and of an actor's summary row.
+BLOCK = "block"  # the id of the block's first line: its shard's name
+ROWS = "rows"  # kept rows of the block (after data.max_rows)
+IDS = "ids"
+TEXTS = "texts"
+EMBED = "embed"  # false: its shard is there already (ids and texts are left empty)
+WRITTEN = "written"
+DIM = "dim"
+NORMALIZED = "normalized"
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where `data.max_rows` ends the corpus: the last block embedded and its rows kept."""
+
+    block: int
+    rows: int
+
+
+@dataclass
+class EmbedResult:
+    out: str
+    rows: int  # rows in the output (every shard)
+    rows_embedded: int  # rows embedded by this run
+    shards_written: int
+    shards_skipped: int
+    report: DropReport  # what reading kept and dropped, by reason
+    manifest: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: one row per corpus block, in the read task that parsed it
+# ---------------------------------------------------------------------------------------------
+
+
+def read_blocks(
+    batch: dict,
+    files: CorpusFiles,
+    rules: TextRows,
+    block_rows: int,
+    counter=None,
+    finished: frozenset[int] = frozenset(),
+    out: str | None = None,
+    cut: Cut | None = None,
+    counts_only: bool = False,
+) -> Iterator[pa.Table]:
+    """The corpus blocks of the files in `batch["file"]`, each as a one-row table: cleaned and
+    counted (KeepCleanRows, `counter`), cut where `cut` says, and marked finished where its
+    shard is in `finished` with the block's row count. `counts_only`: {block, rows} alone."""
+    keep = KeepCleanRows(counter)
+    text_column = rules.fields[0]
+    for index in (int(i) for i in batch["file"]):
+        file, filesystem = files.files[index], files.filesystems[index]
+        if cut is not None and row_id(index, 1) > cut.block:
+            continue  # the whole file lies past data.max_rows: not opened
+        for parsed in read_file_blocks(filesystem, file, rules, block_rows):
+            first_id = parsed.column(ROW_ID)[0].as_py()  # its first line's, kept or not
+            if cut is not None and first_id > cut.block:
+                break
+            kept = keep(parsed)  # (kept rows, columns: text, _row_id)
+            if cut is not None and first_id == cut.block:
+                kept = kept.slice(0, cut.rows)
+            if counts_only:
+                yield pa.table({BLOCK: [first_id], ROWS: [kept.num_rows]})
+                continue
+            done = first_id in finished and _finished(out, first_id, kept.num_rows)
+            embed = kept.num_rows > 0 and not done
+            carried = kept if embed else kept.slice(0, 0)
+            yield pa.table(
+                {
+                    BLOCK: pa.array([first_id], pa.int64()),
+                    ROWS: pa.array([kept.num_rows], pa.int64()),
+                    IDS: _as_one_list(carried.column(ROW_ID)),
+                    TEXTS: _as_one_list(carried.column(text_column)),
+                    EMBED: pa.array([embed]),
+                }
+            )
+
+
+def _as_one_list(column: pa.ChunkedArray) -> pa.Array:
+    """A column's values as the single list of a one-row list column (no copy to Python)."""
+    values = column.combine_chunks()
+    return pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
+
+
+def _finished(out: str, first_id: int, rows: int) -> bool:
+    """Is the block's shard there, holding the block's rows? A shard with other rows (written
+    by hand, or by another version) is embedded again."""
+    location = shard_location(out, first_id)
+    found = shard_rows(location)
+    if found != rows:
+        log.warning("%s holds %s rows, its block %d: embedding it again", location, found, rows)
+    return found == rows
+
+
+def block_dataset(files: CorpusFiles, read_options: dict, ordered: bool = False):
+    """A lazy Ray Dataset of the corpus's block rows: one read task per file (read_blocks
+    with `read_options`); `ordered`: in corpus order."""
+    import ray  # startup
+
+    tasks = ray.data.from_items(
+        [{"file": index} for index in range(len(files.files))],
+        override_num_blocks=max(1, len(files.files)),
+    )
+    blocks = tasks.map_batches(
+        read_blocks, batch_size=1, fn_kwargs={"files": files, **read_options}
+    )
+    context = blocks.context
+    # A read task's block rows move on a few MiB at a time, not after 128 MiB of them.
+    context.target_max_block_size = STREAM_BLOCK_BYTES
+    context.execution_options.preserve_order = ordered
+    return blocks
+
+
+def rows_cut(files: CorpusFiles, rules: TextRows, block_rows: int, max_rows: int) -> Cut | None:
+    """data.max_rows as a cut: the blocks' clean row counts, read in corpus order until they
+    reach `max_rows` (the reading stops there); None when the corpus has fewer clean rows."""
+    counts = block_dataset(
+        files, {"rules": rules, "block_rows": block_rows, "counts_only": True}, ordered=True
+    )
+    total = 0
+    for row in counts.iter_rows():
+        total += row[ROWS]
+        if total >= max_rows:
+            return Cut(block=row[BLOCK], rows=row[ROWS] - (total - max_rows))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The encoding actor: a block row in, its shard written, a summary row out
+# ---------------------------------------------------------------------------------------------
+
+
+class ShardEmbedder(Embedder):
+    """An :class:`~distributed_emb.model.embedder.Embedder` (the model loaded once per actor)
+    that takes block rows and writes each block's shard; returns one summary row per block:
+    {block, rows, written, dim, normalized}."""
+
+    def __init__(
+        self,
+        out: str,
+        precision: str,
+        ranges: np.ndarray | None,
+        write_text: bool,
+        **embedder,
+    ) -> None:
+        super().__init__(**embedder)
+        self.out = out
+        self.precision = precision
+        self.ranges = None if ranges is None else np.asarray(ranges, dtype=np.float32)
+        self.write_text = write_text
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        blocks = batch.column(BLOCK).to_pylist()
+        written = batch.column(EMBED).to_pylist()
+        for index, embed in enumerate(written):
+            if embed:
+                ids = batch.column(IDS)[index].values.to_numpy()  # (n,)
+                texts = batch.column(TEXTS)[index].values.to_pylist()
+                self.write_block(blocks[index], ids, texts)
+        count = batch.num_rows
+        return pa.table(
+            {
+                BLOCK: pa.array(blocks, pa.int64()),
+                ROWS: batch.column(ROWS),
+                WRITTEN: pa.array(written, pa.bool_()),
+                DIM: pa.array([self.dimension] * count, pa.int64()),
+                NORMALIZED: pa.array([self.normalizes] * count, pa.bool_()),
+            }
+        )
+
+    def write_block(self, first_id: int, ids: np.ndarray, texts: list[str]) -> None:
+        vectors = self.stored(self.embed(texts))  # (n, d) float32 | int8, or (n, d/8) uint8
+        columns = {
+            ID: pa.array(ids, pa.int64()),
+            EMBEDDING: pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors.reshape(-1)), vectors.shape[1]
+            ),
+        }
+        if self.write_text:
+            columns[TEXT] = pa.array(texts, pa.string())
+        write_shard(pa.table(columns), shard_location(self.out, first_id))
+
+    def stored(self, vectors: np.ndarray) -> np.ndarray:
+        """The vectors as the shard stores them (embed.precision)."""
+        if self.precision == "float32":
+            return vectors
+        from sentence_transformers import quantize_embeddings  # startup
+
+        return quantize_embeddings(vectors, precision=self.precision, ranges=self.ranges)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pass
+# ---------------------------------------------------------------------------------------------
+
+
+def _pool_options(config: EmbedJobConfig, location: str, pooler: str | None) -> dict:
+    embed = config.embed
+    return {
+        "model_path": location,
+        "pooler": pooler,
+        "batch_size": embed.batch_size,
+        "max_seq_length": embed.max_seq_length,
+        "concurrency": embed.concurrency,
+        "num_cpus_per_actor": embed.num_cpus_per_actor,
+        "num_gpus_per_actor": embed.num_gpus_per_actor,
+        "torch_threads": embed.torch_threads,
+        "normalize": embed.normalize,
+        "trust_remote_code": config.model.trust_remote_code,
+        "max_restarts": embed.max_restarts,
+    }
+
+
+def calibration_ranges(config: EmbedJobConfig, pool: dict) -> np.ndarray:
+    """int8's (2, d) per-dimension [min, max]: OUT/calibration.npy when an earlier run saved
+    it (every shard must be quantised alike), else the min and max over the embeddings of the
+    corpus's first `embed.calibration_rows` clean rows, folded batch by batch, then saved."""
+    out = config.embed.output_dir
+    saved = load_calibration(out)
+    if saved is not None:
+        log.info("int8 ranges: %s", join(out, CALIBRATION))
+        return saved
+    sample = training_dataset(config.data, None).limit(config.embed.calibration_rows)
+    text = config.data.text_column
+    embedded = encoding_pool(sample.select_columns([text]), text_column=text, **pool)
+    low = high = None
+    hint = "fix: embed.concurrency, embed.num_cpus_per_actor or the cluster's nodes"
+    with no_silent_stall(config.embed.stall_timeout_s, hint=hint):
+        for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
+            vectors = np.asarray(batch[EMBEDDING_COLUMN], dtype=np.float32)  # (B, d)
+            if len(vectors) == 0:
+                continue
+            low = vectors.min(0) if low is None else np.minimum(low, vectors.min(0))
+            high = vectors.max(0) if high is None else np.maximum(high, vectors.max(0))
+    if low is None:
+        raise CorpusError(f"{corpus_path(config.data)}: no usable rows to calibrate int8 on")
+    ranges = np.stack([low, high])  # (2, d)
+    save_calibration(out, ranges)
+    log.info("int8 ranges from the first %d clean rows", config.embed.calibration_rows)
+    return ranges
+
+
+def embed_corpus(config: EmbedJobConfig) -> EmbedResult:
+    """Embed the corpus of `config.data` into `config.embed.output_dir` (see the module doc);
+    Ray must be up. Returns what was embedded, skipped and dropped; the manifest is written
+    last."""
+    started = time.perf_counter()
+    embed, data = config.embed, config.data
+    out = embed.output_dir
+    specs = corpus_path(data)
+    files = resolve_sources(specs, data.hf_split)
+    settings = embedding_settings(config, files)
+    require_same_settings(out, settings)
+    if read_json(join(out, SETTINGS)) is None:
+        write_json(join(out, SETTINGS), settings)
+    pool = _pool_options(config, settings["model"], settings["pooler"])
+    rules = text_rules(data)
+    ranges = calibration_ranges(config, pool) if embed.precision == "int8" else None
+    cut = None
+    if data.max_rows is not None:
+        cut = rows_cut(files, rules, embed.block_rows, data.max_rows)
+    finished = frozenset(finished_shards(out))
+
+    import ray  # startup
+
+    counter = start_drop_counter()
+    summaries: dict[int, dict] = {}
+    try:
+        read_options = {
+            "rules": rules, "block_rows": embed.block_rows, "counter": counter,
+            "finished": finished, "out": out, "cut": cut,
+        }  # fmt: skip
+        # Each block row a Ray block of its own: the actors take corpus blocks one by one,
+        # spread over the pool, not a read task's whole output each.
+        blocks = block_dataset(files, read_options).repartition(target_num_rows_per_block=1)
+        shards = encoding_pool(
+            blocks,
+            **pool,
+            rows_per_call=1,
+            batch_format="pyarrow",
+            embedder_class=ShardEmbedder,
+            embedder_kwargs={
+                "out": out,
+                "precision": embed.precision,
+                "ranges": ranges,
+                "write_text": embed.write_text,
+            },
+        )
+        hint = "fix: embed.concurrency, embed.num_cpus_per_actor or the cluster's nodes"
+        with no_silent_stall(embed.stall_timeout_s, hint=hint):
+            progress = _Progress()
+            for batch in shards.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in batch.to_pylist():
+                    summaries[row[BLOCK]] = row  # a retried block reports the same row
+                progress.show(summaries)
+        report = collect_report(counter)
+    finally:
+        ray.kill(counter)
+    remove_unfinished_writes(out)
+    manifest = _manifest(config, settings, specs, summaries, report, cut)
+    write_json(join(out, MANIFEST), manifest)
+    written = [s for s in summaries.values() if s[WRITTEN]]
+    return EmbedResult(
+        out=out,
+        rows=manifest["rows"],
+        rows_embedded=sum(s[ROWS] for s in written),
+        shards_written=len(written),
+        shards_skipped=len(manifest["shards"]) - len(written),
+        report=report,
+        manifest=manifest,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _manifest(
+    config: EmbedJobConfig,
+    settings: dict,
+    specs: str | list[str],
+    summaries: dict[int, dict],
+    report: DropReport,
+    cut: Cut | None,
+) -> dict:
+    """manifest.json, after checking that every clean row is in exactly one shard: the shards'
+    rows add up to the rows reading kept (or to data.max_rows)."""
+    shards = [summaries[key] for key in sorted(summaries) if summaries[key][ROWS] > 0]
+    rows = sum(s[ROWS] for s in shards)
+    if not shards:
+        raise CorpusError(f"{specs}: no usable rows ({report.summary()})")
+    expected = report.kept if cut is None else config.data.max_rows
+    if rows != expected:
+        raise RuntimeError(f"the shards hold {rows} rows, reading kept {expected}")
+    return {
+        "format": FORMAT,
+        "model": settings["model"],
+        "dim": int(shards[0][DIM]),
+        "normalized": bool(shards[0][NORMALIZED]),
+        "dtype": config.embed.precision,
+        "rows": rows,
+        "shards": [
+            {"file": f"{SHARDS}/{shard_name(s[BLOCK])}", "first_id": s[BLOCK], "rows": s[ROWS]}
+            for s in shards
+        ],
+        "dropped": dict(sorted(report.dropped.items())),
+        "corpus": [specs] if isinstance(specs, str) else list(specs),
+        "read": report.rows,
+        "kept": report.kept,
+        "block_rows": config.embed.block_rows,
+        "max_seq_length": config.embed.max_seq_length,
+        # Queries must be embedded as the corpus was (jobs/search.py reads both).
+        "pooler": settings["pooler"],  # None: the model's own pooling, as saved
+        "text": config.embed.write_text,
+        "calibration": CALIBRATION if config.embed.precision == "int8" else None,
+    }
+
+
+class _Progress:
+    """A line every PROGRESS_EVERY_S: blocks done, rows embedded, the rate."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+
+    def show(self, summaries: dict[int, dict]) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        written = [s for s in summaries.values() if s[WRITTEN]]
+        rows = sum(s[ROWS] for s in written)
+        log.info(
+            "%d blocks done (%d embedded, %d rows, %.0f rows/s)",
+            len(summaries), len(written), rows, rows / max(now - self.started, 1e-9),
+        )  # fmt: skip

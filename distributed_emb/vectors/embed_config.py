@@ -1,0 +1,159 @@
+"""The corpus embedding job's settings: its own section (`embed.*`), composed with the model,
+data and Ray sections every job shares (`EmbedJobConfig`). Declared apart from
+vectors/corpus_embedding.py so that loading and checking a config imports no torch."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from distributed_emb.checks import ConfigError
+from distributed_emb.data.data_config import DataConfig
+from distributed_emb.model.model_config import ModelConfig
+from distributed_emb.ray_config import RayConfig, validate_ray_config
+from distributed_emb.settings import section
+from distributed_emb.vectors.index_config import IndexConfig
+from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S
+
+
+@section
+class EmbedConfig:
+    output_dir: Annotated[
+        str | None,
+        Field(
+            description="the embedding output directory OUT (local path, s3:// or gs://): "
+            "shards/, manifest.json, calibration.npy; a rerun into it with the same model and "
+            "corpus embeds only the blocks not yet written (required: --output)"
+        ),
+    ] = None
+    block_rows: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="corpus lines per block: one block is one shard, the unit that is "
+            "embedded, written and skipped on a rerun",
+        ),
+    ] = 10_000
+    batch_size: Annotated[
+        int, Field(ge=1, description="sentences per forward pass of an encoding actor")
+    ] = 128
+    concurrency: Annotated[int, Field(ge=1, description="encoding actors (Ray Data pool)")] = 1
+    num_cpus_per_actor: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="CPUs each encoding actor reserves; null: a share that leaves one CPU "
+            "for the read tasks (at most 1)",
+        ),
+    ] = None
+    num_gpus_per_actor: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="GPUs each encoding actor reserves; null: 1 when the cluster has a GPU "
+            "for every actor, else 0",
+        ),
+    ] = None
+    torch_threads: Annotated[
+        int | None,
+        Field(ge=1, description="torch threads per actor; null: what Ray's CPU share gives"),
+    ] = None
+    # model.max_seq_length is the training length (a speed choice), not the length to embed at.
+    max_seq_length: Annotated[
+        int | None,
+        Field(
+            ge=4,
+            description="tokens per sentence (longer ones are cut); null: the model's own "
+            "(model.max_seq_length, the training length, is not used here)",
+        ),
+    ] = None
+    normalize: Annotated[
+        bool,
+        Field(
+            description="L2-normalise the vectors of a model that does not itself (one that "
+            "ends in a Normalize module, as all-MiniLM-L6-v2, always gives unit vectors)"
+        ),
+    ] = False
+    precision: Annotated[
+        Literal["float32", "int8", "ubinary"],
+        Field(
+            description="stored vectors: float32; int8 (per-dimension ranges from a "
+            "calibration sample, saved as calibration.npy); ubinary (one bit per dimension, "
+            "packed in uint8): sentence-transformers' quantize_embeddings"
+        ),
+    ] = "float32"
+    calibration_rows: Annotated[
+        int,
+        Field(
+            ge=2,
+            description="int8: the int8 ranges are the per-dimension min and max over the "
+            "corpus's first N clean rows",
+        ),
+    ] = 10_000
+    write_text: Annotated[
+        bool, Field(description="store each row's text in its shard (a text column)")
+    ] = True
+    # Finite: a block that kills its actor every time (out of memory) must end the run, which
+    # a rerun then resumes, rather than restart it forever.
+    # The index is built after the manifest, one Ray task per shard (vectors/ann_index.py).
+    index: Annotated[
+        bool,
+        Field(
+            description="also build each shard's ANN index (OUT/index/, settings index.*) for "
+            "jobs/search.py and jobs/mine_negatives.py"
+        ),
+    ] = False
+    max_restarts: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="times a dead encoding actor (killed, out of memory, node lost) is "
+            "restarted, its unfinished blocks redone; then the run fails (a rerun resumes it)",
+        ),
+    ] = 3
+    stall_timeout_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="fail, naming what is missing, after waiting this long for resources "
+            "that never free; null: wait",
+        ),
+    ] = DEFAULT_STALL_TIMEOUT_S
+
+
+@section
+class EmbedJobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def validate(self) -> None:
+        """What the declarations cannot say: the job embeds one text a row, each kept row once,
+        with the model as saved."""
+        if self.data.kind != "sentences":
+            raise ConfigError(
+                f"data.kind: the embed job embeds one text a row (sentences), got "
+                f"{self.data.kind!r}; embed a pair table's anchor and positive columns as two "
+                "sentence corpora (data.text_column)"
+            )
+        if self.data.deduplicate:
+            # Dropping a copy depends on rows in other blocks: a block would stop being a unit
+            # that can be embedded and skipped alone.
+            raise ConfigError(
+                "data.deduplicate: not available to the embed job (every kept row is embedded, "
+                "copies included, so that a block can be embedded alone); set it to false"
+            )
+        if self.data.group_column is not None:
+            raise ConfigError(
+                "data.group_column: the embed job writes no group column; set it to null"
+            )
+        if self.model.compression_head is not None:
+            raise ConfigError(
+                "model.compression_head: the embed job embeds a saved model as it is; embed the "
+                "model jobs/train_mcr2.py exported with its head (models/mcr2-<dim>)"
+            )
+        validate_ray_config(self.ray)

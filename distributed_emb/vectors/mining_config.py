@@ -1,0 +1,118 @@
+"""The settings of label-free hard-negative mining (jobs/mine_negatives.py), declared once.
+
+The window and margin keep sentence-transformers' `mine_hard_negatives` names and meaning
+(range_min, range_max, relative_margin, num_negatives, the "top" strategy); what they do to an
+unlabelled corpus: vectors/hard_negatives.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Annotated
+
+from pydantic import Field
+
+from distributed_emb.checks import ConfigError
+from distributed_emb.ray_config import RayConfig, validate_ray_config
+from distributed_emb.settings import section
+from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S
+
+
+@section
+class MiningOutputConfig:
+    dir: Annotated[
+        str,
+        Field(
+            description="where the negatives go (negatives/part-*.parquet, one per embedding "
+            "shard, summary.json and run.log): a local path or a URI; must be empty or new"
+        ),
+    ] = "outputs/negatives"
+
+
+@section
+class MiningConfig:
+    embeddings: Annotated[
+        str | None,
+        Field(
+            description="the embedding output directory OUT (manifest.json, shards/, index/) "
+            "whose rows are mined: each row is an anchor, every row a candidate"
+        ),
+    ] = None
+    output: MiningOutputConfig = field(default_factory=MiningOutputConfig)
+    num_negatives: Annotated[
+        int, Field(ge=1, description="negatives kept per anchor (the most similar that pass)")
+    ] = 3
+    range_min: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="skip this many of the candidates that pass the filters, most similar "
+            "first (sentence-transformers' range_min)",
+        ),
+    ] = 0
+    # sentence-transformers derives range_max = range_min + 10 · num_negatives when a margin is
+    # set: room for candidates the filters remove.
+    range_max: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="candidates per anchor: its range_max nearest other rows "
+            "(sentence-transformers' range_max)",
+        ),
+    ] = 30
+    # 0.05 is NV-Retriever's TopK-PercPos (95%), the setting sentence-transformers recommends.
+    relative_margin: Annotated[
+        float,
+        Field(
+            ge=0,
+            lt=1,
+            description="keep a negative only if its similarity < (1 − relative_margin) × the "
+            "positive's (1.0: the anchor's own second view); removes near-duplicates",
+        ),
+    ] = 0.05
+    skip_same_document: Annotated[
+        bool,
+        Field(
+            description="never take a negative from the anchor's own document (document "
+            "corpora: its sentences are likely positives)"
+        ),
+    ] = True
+    exact: Annotated[
+        bool,
+        Field(
+            description="find neighbours by a brute-force scan of every shard instead of the "
+            "index (exact; reads every shard's vectors per task)"
+        ),
+    ] = False
+    ef_search: Annotated[
+        int | None,
+        Field(ge=1, description="HNSW candidates per query; null: the index's own (index.json)"),
+    ] = None
+    cpus_per_task: Annotated[
+        float, Field(gt=0, description="CPUs of each mining task (one task per shard)")
+    ] = 1.0
+    stall_timeout_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="fail, naming the resources, when the tasks have waited this long for "
+            "resources that never free; null: wait forever",
+        ),
+    ] = DEFAULT_STALL_TIMEOUT_S
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def validate(self) -> None:
+        """What the declarations cannot say: the window holds the negatives asked for."""
+        if self.embeddings is None:
+            raise ConfigError("embeddings: required: the embedding output directory to mine")
+        if self.range_min >= self.range_max:
+            raise ConfigError(
+                f"range_min: must be < range_max ({self.range_max}), got {self.range_min}"
+            )
+        if self.num_negatives > self.range_max - self.range_min:
+            raise ConfigError(
+                f"num_negatives: {self.num_negatives} do not fit the window: only "
+                f"range_max − range_min = {self.range_max - self.range_min} candidates are "
+                "taken; lower num_negatives or range_min, or raise range_max"
+            )
+        validate_ray_config(self.ray)

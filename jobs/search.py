@@ -1,0 +1,161 @@
+"""Search an embedding output: the k nearest corpus rows of each query, across every shard.
+
+    python jobs/search.py OUT [--query "text"] [--queries FILE] [-k 10] [--model DIR] \
+        [--exact] [--ef-search N] [--recall [--recall-sample N]] [--output FILE] [key=value ...]
+
+OUT is what the embed job wrote (manifest.json, shards/, and index/ from its --index). The
+queries (--query, once; --queries FILE: a .txt file, one a line, or a .jsonl file of objects
+with "text", such as BEIR's queries.jsonl) are embedded with the manifest's model (--model
+another) in this process, each shard's index is searched in turn and the answers are merged
+by score; --exact scans every shard's vectors instead (the reference). Each query gives one
+JSON line, {"query", ["query_id",] "results": [{"id", "score", "text"}, ...]}, printed or
+written to --output. --recall also measures the index's recall@k against exact search, with
+recall_sample corpus rows as queries (each one's own row left out). Scores are cosine
+similarities. Every setting: --help.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.errors import UserInputError
+from distributed_emb.model.model_config import require_model_dir
+from distributed_emb.vectors.ann_index import read_index_info
+from distributed_emb.vectors.search_config import SearchConfig
+from distributed_emb.vectors.shard_layout import read_manifest
+
+
+def read_query_file(path: str) -> list[tuple[str | None, str]]:
+    """(query id or None, text) of each query in a .txt (one a line, blank lines skipped) or
+    .jsonl file (objects with "text" and an optional "_id"). Errors name the file and line."""
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError(f"{path}: no such query file")
+    queries: list[tuple[str | None, str]] = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if file.suffix != ".jsonl":
+            queries.append((None, line.strip()))
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise UserInputError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise UserInputError(f'{path}:{number}: expected an object with a "text" string')
+        query_id = record.get("_id")
+        queries.append((None if query_id is None else str(query_id), record["text"]))
+    if not queries:
+        raise UserInputError(f"{path}: no queries in it")
+    return queries
+
+
+def all_queries(config: SearchConfig) -> list[tuple[str | None, str]]:
+    given = [(None, text) for text in config.queries]
+    return given + (read_query_file(config.queries_file) if config.queries_file else [])
+
+
+def check(config: SearchConfig) -> None:
+    """Before any model loads: the manifest, the index (unless --exact), the queries, and the
+    model directory."""
+    manifest = read_manifest(config.embeddings)
+    if not config.exact:
+        read_index_info(manifest)
+    all_queries(config)
+    require_model_dir(
+        config.model or manifest.model, "model" if config.model else "manifest's model"
+    )
+
+
+def run(config: SearchConfig) -> int:
+    from distributed_emb.model.embedder import Embedder  # startup: torch
+    from distributed_emb.storage import local_model_dir
+    from distributed_emb.vectors.search import index_recall, search
+
+    manifest = read_manifest(config.embeddings)
+    lines = []
+    queries = all_queries(config)
+    if queries:
+        model = local_model_dir(config.model or manifest.model)
+        embedder = Embedder(
+            model,
+            pooler=manifest.pooler,  # as the corpus was embedded (where the manifest says)
+            max_seq_length=manifest.max_seq_length,
+            batch_size=config.batch_size,
+        )
+        vectors = embedder.embed([text for _, text in queries])
+        found = search(
+            manifest,
+            vectors,
+            config.k,
+            exact=config.exact,
+            ef_search=config.ef_search,
+            with_text=True,
+        )
+        for i, (query_id, text) in enumerate(queries):
+            hits = [
+                {"id": int(row_id), "score": round(float(score), 6), "text": hit_text}
+                for row_id, score, hit_text in zip(found.ids[i], found.scores[i], found.texts[i])
+                if row_id >= 0
+            ]
+            line = {"query": text, **({"query_id": query_id} if query_id else {})}
+            lines.append(json.dumps({**line, "results": hits}, ensure_ascii=False))
+    if config.recall:
+        recall = index_recall(
+            manifest, config.recall_sample, config.k, config.seed, config.ef_search
+        )
+        sample = min(config.recall_sample, manifest.rows)
+        lines.append(json.dumps({f"recall@{config.k}": round(recall, 4), "queries": sample}))
+        print(
+            f"recall@{config.k} of the index against exact search, {sample} corpus rows as "
+            f"queries: {recall:.4f}",
+            file=sys.stderr,
+        )
+    if config.output:
+        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.output).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        print(f"results written to {config.output}", file=sys.stderr)
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+JOB = Job(
+    description=__doc__.split("\n\n")[0],
+    config_class=SearchConfig,
+    default_config=None,
+    check=check,
+    run=run,
+    uses_ray=lambda config: False,  # one process, one shard's index at a time
+    log_dir=lambda config: None,
+    output_key="output",
+    flags=(
+        Flag("embeddings", "the embedding output directory OUT", key="embeddings"),
+        Flag("--query", "a query text", to_values=lambda text: {"queries": [text]}),
+        Flag("--queries", "a .txt or .jsonl file of queries", key="queries_file"),
+        Flag("-k", "results per query", key="k", type=int),
+        Flag("--model", "the model that embeds the queries (default: the manifest's)", key="model"),
+        Flag("--exact", "scan every shard's vectors instead of the index", key="exact", const=True),
+        Flag("--ef-search", "HNSW candidates per query", key="ef_search", type=int),
+        Flag(
+            "--recall",
+            "measure the index's recall@k against exact search",
+            key="recall",
+            const=True,
+        ),
+        Flag(
+            "--recall-sample",
+            "corpus rows drawn as queries for --recall",
+            key="recall_sample",
+            type=int,
+        ),
+    ),
+)
+
+
+if __name__ == "__main__":
+    sys.exit(run_job(JOB))

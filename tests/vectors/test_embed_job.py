@@ -1,0 +1,323 @@
+"""jobs/embed.py on the shipped sentences with a tiny random BERT: every kept row of the reader
+in exactly one shard, with the vectors the in-process Embedder gives, for 1 and 2 actors and
+after an actor is killed; a rerun embeds only the missing shards; int8 ranges are saved and
+reused; bad input is one line naming the key, before Ray starts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from harness.jobs import checked_config, run
+
+from distributed_emb.data.corpus import text_rules
+from distributed_emb.data.data_config import DataConfig
+from distributed_emb.data.readers import DROP, ROW_ID, iter_parsed_blocks
+from distributed_emb.data.sources import resolve_sources
+from distributed_emb.paths import shipped_corpus
+
+ROWS = 240  # data.max_rows of most runs: 6 blocks of 40 lines (the first lines are all kept)
+BLOCK_ROWS = 40
+
+
+def reader_rows(limit: int) -> tuple[np.ndarray, list[str]]:
+    """The first `limit` kept rows of the shipped sentences as the training job's reader gives
+    them: (row ids, texts), in corpus order."""
+    ids, texts = [], []
+    rules = text_rules(DataConfig())
+    for block in iter_parsed_blocks(resolve_sources(shipped_corpus("wiki_sentences.txt")), rules):
+        kept = block.filter(pc.equal(block.column(DROP), ""))
+        ids += kept.column(ROW_ID).to_pylist()
+        texts += kept.column("text").to_pylist()
+        if len(ids) >= limit:
+            break
+    return np.asarray(ids[:limit], dtype=np.int64), texts[:limit]
+
+
+def job_args(out: Path, model: str, *extra: str, rows: int = ROWS) -> list[str]:
+    return [
+        "--output",
+        str(out),
+        f"model.path={model}",
+        f"data.max_rows={rows}",
+        f"embed.block_rows={BLOCK_ROWS}",
+        "embed.batch_size=16",
+        "embed.num_cpus_per_actor=0.5",
+        *extra,
+    ]
+
+
+def embed(out: Path, model: str, *extra: str, rows: int = ROWS):
+    """The job's pass on the running Ray, from the config its command line gives."""
+    from distributed_emb.vectors.corpus_embedding import embed_corpus
+
+    return embed_corpus(checked_config("embed", job_args(out, model, *extra, rows=rows)))
+
+
+def read_output(out: Path) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
+    """(ids, embeddings, texts, manifest) of every shard the manifest lists, in its order."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    tables = [pq.read_table(out / entry["file"]) for entry in manifest["shards"]]
+    ids = np.concatenate([t.column("id").to_numpy() for t in tables])
+    vectors = np.concatenate(
+        [np.stack(t.column("embedding").to_numpy(zero_copy_only=False)) for t in tables]
+    )
+    texts = [text for t in tables for text in t.column("text").to_pylist()]
+    return ids, vectors, texts, manifest
+
+
+@pytest.fixture(scope="module")
+def embedder(tiny_bert_path):
+    """The in-process reference: the tiny BERT as the job loads a plain HF directory (mean)."""
+    from distributed_emb.model.embedder import Embedder
+
+    return Embedder(tiny_bert_path, pooler="mean", batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def one_actor_output(tiny_bert_path, tmp_path_factory):
+    """One run of the job as a user starts it (jobs/embed.py, one actor, --index): (OUT,
+    stdout)."""
+    from harness import local_ray
+
+    local_ray.start_shared_ray()
+    out = tmp_path_factory.mktemp("embedded") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert run("embed", job_args(out, tiny_bert_path, "embed.concurrency=1", "--index")) == 0
+    return out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def two_actor_binary_output(tiny_bert_path, tmp_path_factory):
+    """One run with two actors, vectors stored as bits (ubinary): OUT."""
+    from harness import local_ray
+
+    local_ray.start_shared_ray()
+    out = tmp_path_factory.mktemp("embedded_binary") / "out"
+    embed(out, tiny_bert_path, "embed.concurrency=2", "embed.precision=ubinary")
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("actors", [1, 2])
+def test_every_kept_row_in_exactly_one_shard(
+    actors, one_actor_output, two_actor_binary_output, ray_local
+):
+    out = one_actor_output[0] if actors == 1 else two_actor_binary_output
+    ids, _, texts, manifest = read_output(out)
+    expected_ids, expected_texts = reader_rows(ROWS)
+    assert np.array_equal(ids, expected_ids)  # each kept row once, in corpus order
+    assert texts == expected_texts
+    assert manifest["rows"] == ROWS and manifest["dim"] == 32
+    assert [s["first_id"] for s in manifest["shards"]] == list(range(1, ROWS, BLOCK_ROWS))
+    assert all(s["rows"] == BLOCK_ROWS for s in manifest["shards"])
+    for entry in manifest["shards"]:  # named by the block's first id; ids sorted inside
+        shard_ids = pq.read_table(out / entry["file"], columns=["id"]).column("id").to_numpy()
+        assert shard_ids[0] == entry["first_id"] and np.all(np.diff(shard_ids) > 0)
+
+
+@pytest.mark.ray
+def test_vectors_are_the_in_process_embedder_s(one_actor_output, embedder, ray_local):
+    out, printed = one_actor_output
+    _, vectors, texts, manifest = read_output(out)
+    np.testing.assert_allclose(vectors, embedder.embed(texts), atol=1e-5)
+    assert manifest["dtype"] == "float32" and manifest["normalized"] is False  # mean, no Normalize
+    assert "6 shards written, 0 skipped" in printed and "kept 240" in printed
+
+
+@pytest.mark.ray
+def test_ubinary_packs_one_bit_per_dimension(two_actor_binary_output, embedder, ray_local):
+    _, stored, texts, manifest = read_output(two_actor_binary_output)
+    assert manifest["dtype"] == "ubinary"
+    assert stored.dtype == np.uint8 and stored.shape == (ROWS, 4)  # 32 dimensions, 8 a byte
+    signs = embedder.embed(texts) > 0
+    # Bits of values within float noise of 0 may differ from the in-process run's.
+    assert (np.unpackbits(stored, axis=1).astype(bool) == signs).mean() > 0.999
+
+
+@pytest.mark.ray
+def test_rerun_embeds_only_the_missing_shard(one_actor_output, tiny_bert_path, ray_local, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(one_actor_output[0], out)
+    shards = sorted((out / "shards").glob("part-*.parquet"))
+    removed = shards[2]
+    before = {p.name: p.stat().st_mtime_ns for p in shards if p != removed}
+    original = pq.read_table(removed)
+    removed.unlink()
+
+    result = embed(out, tiny_bert_path, "embed.concurrency=1")
+
+    assert (result.shards_written, result.shards_skipped) == (1, 5)
+    assert result.rows_embedded == BLOCK_ROWS and result.rows == ROWS
+    # The finished shards were not written again; the missing one is back, the same.
+    assert {p.name: p.stat().st_mtime_ns for p in shards if p != removed} == before
+    again = pq.read_table(removed)
+    assert again.column("id").equals(original.column("id"))
+    np.testing.assert_allclose(
+        np.stack(again.column("embedding").to_numpy(zero_copy_only=False)),
+        np.stack(original.column("embedding").to_numpy(zero_copy_only=False)),
+        atol=1e-5,
+    )
+    assert read_output(out)[0].tolist() == reader_rows(ROWS)[0].tolist()
+
+
+def _kill_the_encoding_actor_mid_run(shards: Path, killed: list[tuple[int, int]]) -> None:
+    """Once the first shard is written, SIGKILL the encoding actor of this test's run (found by
+    its class in the test's Ray) and record (its pid, shards written by then)."""
+    from ray._private import state  # the GCS actor table: no dashboard needed
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        done = len(list(shards.glob("part-*.parquet"))) if shards.is_dir() else 0
+        if done:
+            for actor in state.actors().values():
+                name = actor.get("ActorClassName") or ""
+                if "ShardEmbedder" in name and actor.get("State") == "ALIVE" and actor.get("Pid"):
+                    os.kill(actor["Pid"], signal.SIGKILL)
+                    killed.append((actor["Pid"], done))
+                    return
+        time.sleep(0.005)
+
+
+@pytest.mark.ray
+def test_a_killed_actor_is_restarted_and_its_blocks_redone(tiny_bert_path, ray_local, tmp_path):
+    rows, block_rows = 1000, 10  # 100 blocks: the kill lands while most are still to do
+    out = tmp_path / "out"
+    killed: list[tuple[int, int]] = []
+    killer = threading.Thread(
+        target=_kill_the_encoding_actor_mid_run, args=(out / "shards", killed), daemon=True
+    )
+    killer.start()
+    result = embed(
+        out, tiny_bert_path, "embed.concurrency=1", f"embed.block_rows={block_rows}", rows=rows
+    )
+    killer.join(timeout=5)
+
+    assert len(killed) == 1, "the encoding actor was never found and killed"
+    assert killed[0][1] < rows // block_rows, "the run had finished before the kill"
+    ids = read_output(out)[0]
+    assert np.array_equal(ids, reader_rows(rows)[0])  # every id, exactly once
+    assert result.shards_written == rows // block_rows
+    assert not [p for p in (out / "shards").iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+@pytest.mark.ray
+def test_int8_ranges_are_saved_and_reused(tiny_bert_path, embedder, ray_local, tmp_path):
+    from sentence_transformers import quantize_embeddings
+
+    out = tmp_path / "out"
+    embed(out, tiny_bert_path, "embed.precision=int8", "embed.calibration_rows=100", rows=80)
+    ranges = np.load(out / "calibration.npy")
+    _, sample = reader_rows(100)
+    reference = embedder.embed(sample[:80])  # max_rows 80 < calibration_rows: these 80
+    np.testing.assert_allclose(ranges, [reference.min(0), reference.max(0)], atol=1e-5)
+    ids, stored, texts, manifest = read_output(out)
+    assert manifest["dtype"] == "int8" and manifest["calibration"] == "calibration.npy"
+    assert stored.dtype == np.int8 and stored.shape == (80, 32)
+    expected = quantize_embeddings(embedder.embed(texts), precision="int8", ranges=ranges)
+    assert np.abs(stored.astype(int) - expected).max() <= 1  # a bucket edge at float noise
+    assert (stored == expected).mean() > 0.99
+
+    # A rerun quantises with the saved ranges, not new ones: changed on disk, they show.
+    wider = np.stack([ranges[0] - 1.0, ranges[1] + 1.0]).astype(np.float32)
+    np.save(out / "calibration.npy", wider)
+    (out / "shards" / "part-000000000041.parquet").unlink()
+    embed(out, tiny_bert_path, "embed.precision=int8", "embed.calibration_rows=100", rows=80)
+    redone = pq.read_table(out / "shards" / "part-000000000041.parquet")
+    values = np.stack(redone.column("embedding").to_numpy(zero_copy_only=False))
+    texts = redone.column("text").to_pylist()
+    expected = quantize_embeddings(embedder.embed(texts), precision="int8", ranges=wider)
+    assert np.abs(values.astype(int) - expected).max() <= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused before Ray starts: one line on stderr naming the key, exit status 2
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("model.path=/no/such/model", "model.path"),
+        ("data.path=/no/such/corpus.txt", "/no/such/corpus.txt"),
+        ("data.kind=pairs", "data.kind"),
+        ("embed.precision=int4", "embed.precision"),
+    ],
+)
+def test_bad_input_is_named_before_ray(override, named, tmp_path, capsys, monkeypatch):
+    from distributed_emb import cli
+
+    monkeypatch.setattr(cli, "start_ray", lambda *a, **k: pytest.fail("the job started Ray"))
+    assert run("embed", ["--output", str(tmp_path / "out"), override]) == 2
+    error = capsys.readouterr().err
+    assert named in error and len(error.strip().splitlines()) == 1
+
+
+def test_no_output_is_named(capsys):
+    assert run("embed", []) == 2
+    assert "embed.output_dir: is required" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("embed.block_rows=50", "embed.block_rows=40"),
+        ("embed.precision=int8", "embed.precision=float32"),
+        (f"data.path={shipped_corpus('lee_documents.jsonl')}", "data.path:"),
+    ],
+)
+def test_an_output_made_otherwise_is_refused(
+    override, named, one_actor_output, tiny_bert_path, ray_local, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    shutil.copytree(one_actor_output[0], out)
+    assert run("embed", [*job_args(out, tiny_bert_path), override]) == 2
+    error = capsys.readouterr().err
+    assert named in error and str(out) in error
+
+
+@pytest.mark.ray
+def test_another_model_in_the_same_output_is_refused(
+    one_actor_output, tiny_bert_path, minilm_path, ray_local, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    shutil.copytree(one_actor_output[0], out)
+    assert run("embed", job_args(out, minilm_path)) == 2
+    assert "model.path: " in capsys.readouterr().err
+    # The same directory with other weights: another model too.
+    retrained = tmp_path / "model"
+    shutil.copytree(tiny_bert_path, retrained)
+    other = tmp_path / "other"
+    shutil.copytree(one_actor_output[0], other)
+    settings = json.loads((other / "embedding_settings.json").read_text())
+    settings["model"] = str(retrained)
+    (other / "embedding_settings.json").write_text(json.dumps(settings))
+    config = json.loads((retrained / "config.json").read_text())
+    (retrained / "config.json").write_text(json.dumps({**config, "initializer_range": 0.5}))
+    assert run("embed", job_args(other, str(retrained))) == 2
+    assert "has changed since" in capsys.readouterr().err
+
+
+def test_the_index_flag_indexes_every_shard_and_reports_its_recall(one_actor_output):
+    """--index: one index file per shard the manifest lists, index.json, and the recall@10
+    against exact search printed (flat indexes below index.flat_below_rows: every neighbour)."""
+    out, printed = one_actor_output
+    manifest = json.loads((out / "manifest.json").read_text())
+    info = json.loads((out / "index" / "index.json").read_text())
+    assert len(info["shards"]) == len(manifest["shards"])
+    assert all((out / s["file"]).is_file() for s in info["shards"])
+    (line,) = [x for x in printed.splitlines() if "recall@10 against exact search" in x]
+    assert float(line.rsplit(" ", 1)[1]) >= 0.95

@@ -1,0 +1,193 @@
+"""Label-free hard-negative mining: against a plain numpy reference on a small set (exact
+neighbours, every filter and the window), the rules every mined negative obeys after the Ray
+pass (jobs/mine_negatives.py end to end), and the inputs refused before Ray starts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from embedding_outputs import unit, write_embedding_output
+from harness.jobs import checked_config
+from harness.jobs import run as run_job
+
+from distributed_emb.checks import ConfigError
+from distributed_emb.vectors.ann_index import build_index
+from distributed_emb.vectors.hard_negatives import check_inputs, mine_shard
+from distributed_emb.vectors.index_config import IndexConfig
+from distributed_emb.vectors.mining_config import MiningConfig, MiningOutputConfig
+from distributed_emb.vectors.shard_layout import ShardLayoutError, read_manifest
+
+ROWS, DIM = 150, 8
+
+
+def small_corpus(seed: int = 0):
+    """(vectors, texts, documents): random unit vectors, five sentences a document, with
+    near-duplicates of rows 10–19 in rows 0–9 (other documents: only the margin can remove
+    them) and the texts of rows 25–29 repeated in rows 20–24 with unrelated vectors (only the
+    text filter can remove them)."""
+    rng = np.random.default_rng(seed)
+    vectors = unit(rng.normal(size=(ROWS, DIM)))
+    vectors[:10] = unit(vectors[10:20] + 0.02 * rng.normal(size=(10, DIM)))
+    texts = [f"sentence {i}" for i in range(ROWS)]
+    texts[20:25] = texts[25:30]
+    return vectors, texts, np.arange(ROWS) // 5
+
+
+def reference_negatives(vectors, ids, texts, documents, config: MiningConfig) -> dict:
+    """{anchor id: [(negative id, score), ...]}: the rules written out one anchor at a time over
+    every score at once. Fails if a score lies within 2e-6 of another in the window or of the
+    margin's threshold: there float32 rounding (≤ 1e-6 for these 8-dim products) could decide
+    the order, and the data, not the code, would have to change."""
+    scores = vectors.astype(np.float64) @ vectors.T.astype(np.float64)  # (n, n)
+    threshold = 1.0 - config.relative_margin
+    chosen = {}
+    for i in range(len(vectors)):
+        order = [j for j in np.argsort(-scores[i], kind="stable") if j != i]
+        window = order[: config.range_max]
+        near = np.sort(scores[i, order[: config.range_max + 1]])
+        assert np.diff(near).min() > 2e-6 and np.abs(near - threshold).min() > 2e-6
+        passing = [
+            j
+            for j in window
+            if scores[i, j] < threshold
+            and texts[j] != texts[i]
+            and not (config.skip_same_document and documents[j] == documents[i])
+        ]
+        kept = passing[config.range_min : config.range_min + config.num_negatives]
+        chosen[int(ids[i])] = [(int(ids[j]), float(scores[i, j])) for j in kept]
+    return chosen
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_negatives=3, range_min=0, range_max=20, relative_margin=0.05),
+        dict(num_negatives=2, range_min=2, range_max=10, relative_margin=0.0,
+             skip_same_document=False),
+        dict(num_negatives=5, range_min=1, range_max=30, relative_margin=0.3),
+        dict(num_negatives=4, range_min=0, range_max=4, relative_margin=0.1),
+    ],
+)  # fmt: skip
+def test_mined_negatives_are_the_numpy_references(tmp_path, settings):
+    vectors, texts, documents = small_corpus()
+    write_embedding_output(tmp_path, vectors, texts=texts, documents=documents, shards=3)
+    manifest = read_manifest(str(tmp_path))
+    config = MiningConfig(embeddings=str(tmp_path), exact=True, **settings)
+    mined: dict[int, list] = {}
+    without = 0
+    for number in range(3):
+        table, counts = mine_shard(manifest, number, config)
+        without += counts.anchors_without_negative
+        for row in table.to_pylist():
+            mined.setdefault(row["id"], []).append((row["negative_id"], row["negative_score"]))
+            assert row["text"] == texts[(row["id"] - 7) // 10]
+            assert row["negative"] == texts[(row["negative_id"] - 7) // 10]
+    ids = np.arange(ROWS) * 10 + 7
+    expected = reference_negatives(vectors, ids, texts, documents, config)
+    assert without == sum(1 for negatives in expected.values() if not negatives)
+    for anchor, negatives in expected.items():
+        found = mined.get(anchor, [])
+        assert [n for n, _ in found] == [n for n, _ in negatives], anchor
+        assert np.allclose([s for _, s in found], [s for _, s in negatives], atol=1e-5)
+
+
+def test_the_margin_is_what_removes_near_duplicates(tmp_path):
+    """Rows 0–9 are near-duplicates of rows 10–19 (cosine > 0.99), each the other's nearest
+    row: with the margin they never pair, without it (margin 0) each is the other's first
+    negative; and with same-document rows allowed, that filter removes nothing."""
+    vectors, texts, documents = small_corpus()
+    write_embedding_output(tmp_path, vectors, texts=texts, documents=documents, shards=1)
+    manifest = read_manifest(str(tmp_path))
+    first = {}
+    for margin in (0.05, 0.0):
+        config = MiningConfig(
+            embeddings=str(tmp_path), exact=True, num_negatives=1, range_max=5,
+            relative_margin=margin, skip_same_document=margin > 0,
+        )  # fmt: skip
+        table, counts = mine_shard(manifest, 0, config)
+        first[margin] = dict(zip(table["id"].to_pylist(), table["negative_id"].to_pylist()))
+        if margin == 0.0:
+            assert counts.removed_by_margin == counts.removed_same_document == 0
+        else:
+            assert counts.removed_by_margin == 20  # each pair, both ways
+    for duplicate, original in zip(range(10), range(10, 20)):
+        pair = {duplicate * 10 + 7, original * 10 + 7}
+        for anchor in pair:
+            assert first[0.0][anchor] == (pair - {anchor}).pop()
+            assert first[0.05][anchor] not in pair
+
+
+@pytest.fixture
+def indexed_small(tmp_path):
+    vectors, texts, documents = small_corpus(seed=1)
+    out = tmp_path / "embeddings"
+    write_embedding_output(out, vectors, texts=texts, documents=documents, shards=3)
+    build_index(str(out), IndexConfig(kind="hnsw", hnsw_m=8), use_ray=False)
+    return out, vectors, texts, documents
+
+
+def test_mining_job_writes_negatives_that_obey_every_rule(ray_local, indexed_small, tmp_path):
+    """jobs/mine_negatives.py: the Ray Data pass over the shards with the index, one file per
+    shard, and summary.json's counts agreeing with the files."""
+    out, vectors, texts, documents = indexed_small
+    result = tmp_path / "negatives"
+    status = run_job(
+        "mine_negatives",
+        [str(out), "--output", str(result), "--num-negatives", "3", "--range-max", "20",
+         "--relative-margin", "0.1"],
+    )  # fmt: skip
+    assert status == 0
+    manifest = read_manifest(str(out))
+    files = sorted(p.name for p in (result / "negatives").iterdir())
+    assert files == [s.file.removeprefix("shards/") for s in manifest.shards]
+    table = pq.read_table(result / "negatives")
+    row = (table["id"].to_numpy() - 7) // 10
+    negative = (table["negative_id"].to_numpy() - 7) // 10
+    scores = table["negative_score"].to_numpy()
+    assert (row != negative).all()
+    assert (documents[row] != documents[negative]).all()
+    assert (np.array(texts)[row] != np.array(texts)[negative]).all()
+    assert (scores < 0.9).all()
+    assert np.allclose(scores, np.sum(vectors[row] * vectors[negative], axis=1), atol=1e-5)
+    assert table["negative"].to_pylist() == [texts[j] for j in negative]
+    per_anchor = np.bincount(row, minlength=ROWS)
+    assert per_anchor.max() <= 3
+    summary = json.loads((result / "summary.json").read_text())
+    assert summary["anchors"] == ROWS and summary["negatives"] == len(table)
+    assert summary["anchors_without_negative"] == int((per_anchor == 0).sum())
+    # The 10 near-duplicate pairs, both ways (each is the other's nearest row), and random
+    # pairs above 0.9; the repeated texts that fall inside each other's window.
+    assert summary["removed_by_margin"] >= 20
+    assert summary["removed_same_text"] >= 1
+
+
+def test_shards_without_text_are_refused_before_ray(tmp_path):
+    write_embedding_output(tmp_path, unit(np.eye(8)), shards=2)
+    config = MiningConfig(embeddings=str(tmp_path), exact=True)
+    with pytest.raises(ShardLayoutError, match=r"part-000000000007.parquet: no text column"):
+        check_inputs(config)
+
+
+def test_an_output_holding_earlier_negatives_is_refused(indexed_small, tmp_path):
+    out, *_ = indexed_small
+    earlier = tmp_path / "earlier"
+    (earlier / "negatives").mkdir(parents=True)
+    (earlier / "run.log").write_text("the job's log: no reason to refuse\n")
+    config = MiningConfig(embeddings=str(out), output=MiningOutputConfig(dir=str(earlier)))
+    check_inputs(config)
+    (earlier / "negatives" / "part-000000000007.parquet").write_bytes(b"")
+    with pytest.raises(ConfigError, match=rf"output.dir: {earlier} holds earlier negatives"):
+        check_inputs(config)
+
+
+def test_a_window_too_small_for_the_negatives_is_refused(indexed_small, tmp_path):
+    out, *_ = indexed_small
+    argv = [str(out), "--output", str(tmp_path / "n"), "--num-negatives", "5", "--range-min",
+            "8", "--range-max", "10"]  # fmt: skip
+    with pytest.raises(ConfigError, match="num_negatives: 5 do not fit the window"):
+        checked_config("mine_negatives", argv)
+    config = checked_config("mine_negatives", argv[:3] + ["--num-negatives", "2"] + argv[5:])
+    assert (config.num_negatives, config.range_min, config.range_max) == (2, 8, 10)
