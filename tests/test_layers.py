@@ -141,3 +141,29 @@ def test_no_import_circle_inside_the_package():
         if module not in state:
             visit(module, [])
     assert not circles, "\n".join(sorted(set(circles)))
+
+
+# Where the whole training config may be named: the loader, the jobs that compose a training
+# run (the training driver with its resolution, identity and card; a search; InfoCSE's rounds).
+# Everything else takes the sections it reads.
+COMPOSITION = (
+    "distributed_emb.config",
+    "distributed_emb.cli",
+    "distributed_emb.train.driver",
+    "distributed_emb.train.resolved_run",
+    "distributed_emb.train.run_identity",
+    "distributed_emb.train.run_card",
+    "distributed_emb.tune.",
+    "distributed_emb.infocse.",
+)
+
+
+def test_only_the_job_composition_names_the_whole_training_config():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if module.startswith(COMPOSITION) or module in {c.rstrip(".") for c in COMPOSITION}:
+            continue
+        if "distributed_emb.config.TrainingConfig" in imports(path):
+            found.append(f"{module} imports TrainingConfig: give its functions the sections")
+    assert not found, "\n".join(found)

@@ -34,12 +34,7 @@ from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.export import export_sentence_transformer
-from distributed_emb.model.model_card import (
-    card_info,
-    export_max_seq_length,
-    finalize_export,
-    position_limit,
-)
+from distributed_emb.model.model_card import export_max_seq_length, position_limit
 from distributed_emb.model.sentence_transformer import ends_with_normalize
 from distributed_emb.paths import default_model_path
 from distributed_emb.plots import write_run_plots
@@ -59,6 +54,7 @@ from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.storage_paths import require_writable
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 from distributed_emb.train.resolved_run import resolve_run
+from distributed_emb.train.run_card import card_info, finalize_export
 from distributed_emb.train.run_identity import (
     check_resumed_stream,
     prepare_run,
@@ -287,7 +283,7 @@ def worker_resources(config: TrainingConfig, cpus: float | None = None) -> dict[
 def export_checkpoint(config: TrainingConfig, checkpoint_dir: str, output_dir: str) -> str:
     """Rebuild the encoder, load a checkpoint's weights, write a sentence-transformers dir
     with a model card (the evaluations so far come from the checkpoint's loop state;
-    model_card.finalize_export adds the run's final metrics)."""
+    run_card.finalize_export adds the run's final metrics)."""
     transformers.logging.set_verbosity_error()
     encoder = build_encoder(config.model, config.loss, config.train)
     load_encoder_weights(encoder, checkpoint_dir)

@@ -16,11 +16,10 @@ from distributed_emb.model.model_card import (
     SECTION_TITLE,
     add_card_lines,
     base_model_card,
-    card_info,
     export_max_seq_length,
-    finalize_export,
     training_section,
 )
+from distributed_emb.train.run_card import card_info, finalize_export
 
 LONG_TEXT = " ".join(
     f"Sentence number {i} of a long paragraph talks about rivers, cities and music."

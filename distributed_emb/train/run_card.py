@@ -1,0 +1,181 @@
+"""What the exported model's card says about the training run that made it: the run's config,
+evaluations and final metrics → model/model_card.py's `ModelCardInfo`, which that module renders.
+On the driver (train/driver.py), the one place that holds the whole training config."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from distributed_emb.config import TrainingConfig, to_dict
+from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.model.model_card import (
+    PACKAGED_MODEL_ID,
+    ModelCardInfo,
+    add_eval_results,
+    base_model_card,
+    push_export,
+    replace_card,
+    write_readme,
+)
+from distributed_emb.selection import (
+    DEV_METRIC,
+    STSB_DEV,
+    best_row,
+    describe,
+    retrieval_split,
+    selected_metric,
+)
+from distributed_emb.settings import flatten
+
+
+def card_info(
+    config: TrainingConfig,
+    history: list[dict] | None = None,
+    metrics: dict | None = None,
+    command: str | None = None,
+    max_seq_length: int | None = None,
+) -> ModelCardInfo:
+    """The card's content from the run's config, its evaluations (`history`, from the loop
+    state) and, once the run is done, its metrics.json content (`metrics`: corpus size, best
+    step, STS-B test)."""
+    metrics = metrics or {}
+    history = list(history or metrics.get("history") or [])
+    path = config.model_path
+    if config.model.path is None:
+        base_id = PACKAGED_MODEL_ID
+    elif not Path(config.model.path).exists():
+        base_id = config.model.path  # a hub name (validated as one)
+    else:
+        base_id = None
+    front = base_model_card(path)
+    language = front.get("language")
+    if isinstance(language, str):
+        language = [language]
+    short_name = (base_id or Path(path).name).split("/")[-1]
+    corpus_rows = (metrics.get("corpus") or {}).get("kept")
+    scores = _scores(history, metrics, config.eval.start_is_candidate, config.eval.select_by)
+    best_step = metrics.get("best_step", _best_step(history, config.eval.start_is_candidate))
+    return ModelCardInfo(
+        model_name=(config.export.hub_model_id or f"InforMin-CL {short_name}").split("/")[-1],
+        base_model=base_id,
+        base_model_path=path,
+        license=config.export.license or front.get("license"),
+        language=language if isinstance(language, list) else None,
+        corpus=_corpus_name(config),
+        corpus_rows=corpus_rows,
+        method=_method(config),
+        objective=_objective(config),
+        hyperparameters=_hyperparameters(config),
+        non_default=_non_default(config),
+        history=history,
+        best_step=best_step,
+        select_by=config.eval.select_by,
+        scores=scores,
+        command=command if command is not None else current_command(),
+        max_seq_length=max_seq_length,
+        training_max_seq_length=config.model.max_seq_length,
+        hub_model_id=config.export.hub_model_id,
+        exported=metrics.get("exported"),
+    )
+
+
+def current_command() -> str:
+    """This process's command line, shell-quoted (the job that trained the model)."""
+    return " ".join(shlex.quote(part) for part in [Path(sys.executable).name, *sys.argv])
+
+
+def _corpus_name(config: TrainingConfig) -> str:
+    d = config.data
+    if d.path is None:
+        return "Wikipedia sentences shipped with distributed_emb (wiki_sentences.txt)"
+    name = d.path if is_remote(d.path) or is_hub_name(d.path) else Path(d.path).name
+    return f"{name} ({d.kind})"
+
+
+def _method(config: TrainingConfig) -> str:
+    if config.data.kind == "pairs":
+        return "InfoCSE-style contrastive learning on mined (anchor, positive) pairs"
+    return "InforMin-CL (unsupervised SimCSE-style contrastive learning, two dropout views)"
+
+
+def _objective(config: TrainingConfig) -> str:
+    lo = config.loss
+    terms = [f"InfoNCE (τ = {lo.temperature:g})"]
+    if lo.reconstruction_weight > 0:
+        form = lo.reconstruction_form
+        terms.append(f"λ = {lo.reconstruction_weight:g} × reconstruction ‖z¹ − z²‖² ({form})")
+    if lo.mlm_weight > 0:
+        terms.append(f"β = {lo.mlm_weight:g} × MLM (p = {lo.mlm_probability:g})")
+    negatives = "the global batch" if lo.gather_negatives else "each worker's batch"
+    return " + ".join(terms) + f"; in-batch negatives from {negatives}"
+
+
+# Where this machine keeps things: nothing a reader of the card can use (the base model and
+# the corpus have their own lines).
+_LOCAL_KEYS = {
+    "model.path",
+    "data.path",
+    "output.dir",
+    "output.storage_path",
+    "eval.senteval_dir",
+    "eval.retrieval_dir",
+    "ray.address",
+    "train.deepspeed.config_path",
+}
+
+
+def _hyperparameters(config: TrainingConfig) -> dict:
+    return {k: v for k, v in flatten(to_dict(config)).items() if k not in _LOCAL_KEYS}
+
+
+def _non_default(config: TrainingConfig) -> dict:
+    defaults = flatten(to_dict(TrainingConfig()))
+    return {k: v for k, v in _hyperparameters(config).items() if v != defaults.get(k)}
+
+
+def _best_step(history: list[dict], start_is_candidate: bool) -> int | None:
+    """The step the run exported: eval.select_by's best (selection.py)."""
+    chosen = best_row(history, start_is_candidate)
+    return chosen["step"] if chosen is not None else None
+
+
+def _scores(
+    history: list[dict], metrics: dict, start_is_candidate: bool, select_by: str = STSB_DEV
+) -> dict[str, float]:
+    """STS-B dev at the start and at the exported step, and the retrieval split that chose
+    it (eval.select_by) beside them, then STS-B test."""
+    scores: dict[str, float] = {}
+    best = _best_step(history, start_is_candidate)
+    labels = {DEV_METRIC: "STS-B dev"}
+    if retrieval_split(select_by) is not None:
+        labels[selected_metric(select_by)] = describe(select_by)
+    for key, label in labels.items():
+        dev = [r for r in history if key in r]
+        if not dev:
+            continue
+        scores[f"{label}, start (step {dev[0].get('step', 0)})"] = dev[0][key]
+        exported = next((r for r in dev if r.get("step") == best), None)
+        if exported is not None:
+            scores[f"{label}, exported (step {best})"] = exported[key]
+    if metrics.get("stsb_test") is not None:
+        scores["STS-B test, exported"] = metrics["stsb_test"]
+    return scores
+
+
+def finalize_export(
+    model_dir: str, config: TrainingConfig, metrics: dict, command: str | None = None
+) -> str | None:
+    """After the run: rewrite the export's card with the final metrics (corpus size, STS-B
+    test), then push it to the hub if `export.push_to_hub`. Returns the hub URL, else None."""
+    from sentence_transformers import SentenceTransformer  # startup
+
+    model = SentenceTransformer(model_dir, device="cpu", local_files_only=True)
+    info = card_info(config, metrics=metrics, command=command, max_seq_length=model.max_seq_length)
+    model.model_card_data = replace_card(model, info)
+    add_eval_results(model, info)
+    write_readme(model, model_dir, info)
+    if config.export.push_to_hub:
+        return push_export(model_dir, config.export.hub_model_id)
+    return None
