@@ -25,7 +25,7 @@ import yaml
 
 from distributed_emb.checks import ConfigError, require_range
 from distributed_emb.checks import require as _require
-from distributed_emb.data.data_config import DataConfig
+from distributed_emb.data.data_config import DataConfig, validate_negative_column
 from distributed_emb.data.sources import require_sources
 from distributed_emb.data.stream_settings import StreamSettings
 from distributed_emb.evaluation.eval_config import EvalConfig, validate_selection
@@ -296,6 +296,7 @@ class TrainingConfig:
             "every term has weight 0 (contrastive, reconstruction, mlm, distill, mcr2): "
             "nothing to train",
         )
+        validate_negative_column(d, lo.contrastive_weight)
         if m.compression_head is not None:
             # The head's directory and the pooler it read: the training job's checks
             # (train/driver.py check_compression_head), once files may be read.

@@ -22,12 +22,21 @@ except ImportError:  # pragma: no cover
     _CollateBase = object
 
 
+# The hard negatives' (B, L) block (data.negative_column), apart from the (2B, L) views that
+# the teacher and the MLM copy read.
+NEGATIVE_KEYS = ("negative_input_ids", "negative_attention_mask")
+
+
 class ContrastiveCollator(_CollateBase):
-    """Sentences → two views stacked as one (2B, L) batch; pairs → anchors then positives.
+    """Sentences → two views stacked as one (2B, L) batch; pairs → anchors then positives;
+    with a negative column, each row's hard negative as a third block of its own.
 
     Output keys: input_ids, attention_mask (2B, L) with rows [0, B) the first view and [B, 2B)
-    the second; `groups` (B,) when a group column is set; `mlm_input_ids`/`mlm_labels` (B, L)
-    when MLM is on; `num_truncated` and `num_real_tokens` (scalars, for counting and speed).
+    the second; `negative_input_ids`/`negative_attention_mask` (B, L) when a negative column
+    is set (padded with the views to one L, so the step embeds all 3B rows in one forward);
+    `groups` (B,) when a group column is set; `mlm_input_ids`/`mlm_labels` (B, L) when MLM is
+    on; `num_truncated` and `num_real_tokens` (scalars, for counting and speed; negatives
+    included).
     """
 
     def __init__(
@@ -41,6 +50,7 @@ class ContrastiveCollator(_CollateBase):
         group_column: str | None = None,
         mlm_probability: float | None = None,
         seed: int = 0,
+        negative_column: str | None = None,
     ):
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
@@ -51,19 +61,35 @@ class ContrastiveCollator(_CollateBase):
         self.group_column = group_column
         self.mlm_probability = mlm_probability
         self.generator = torch.Generator().manual_seed(seed)
+        self.negative_column = negative_column
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        # The order of data/corpus.py corpus_columns: the row's texts, then its negative.
+        columns = (
+            [self.text_column]
+            if self.kind == "sentences"
+            else [self.anchor_column, self.positive_column]
+        )
+        if self.negative_column is not None:
+            columns.append(self.negative_column)
+        encoded = self._encode(batch, columns)
+        rows = len(encoded["input_ids"]) // len(columns)
+        # One (B, L) block a column, all padded to one L.
+        blocks = {
+            key: [encoded[key][i * rows : (i + 1) * rows] for i in range(len(columns))]
+            for key in ("input_ids", "attention_mask")
+        }
+        first = {key: parts[0] for key, parts in blocks.items()}
         if self.kind == "sentences":
-            encoded = self._encode(batch, [self.text_column])
-            first = {k: encoded[k] for k in ("input_ids", "attention_mask")}
             out = {k: torch.cat([v, v]) for k, v in first.items()}  # (2B, L): same text twice
         else:
-            encoded = self._encode(batch, [self.anchor_column, self.positive_column])
-            rows = len(encoded["input_ids"]) // 2
-            first = {k: encoded[k][:rows] for k in ("input_ids", "attention_mask")}
-            out = {k: encoded[k] for k in ("input_ids", "attention_mask")}
+            out = {k: torch.cat(parts[:2]) for k, parts in blocks.items()}  # anchors, positives
         out["num_truncated"] = encoded["num_truncated"]
         out["num_real_tokens"] = out["attention_mask"].sum()
+        if self.negative_column is not None:
+            ids_key, mask_key = NEGATIVE_KEYS
+            out[ids_key], out[mask_key] = blocks["input_ids"][-1], blocks["attention_mask"][-1]
+            out["num_real_tokens"] = out["num_real_tokens"] + out[mask_key].sum()
         if ROW_ID in batch:  # which corpus rows this batch trained on (exact resume)
             out["row_ids"] = torch.tensor(np.array(batch[ROW_ID], dtype=np.int64))
         if self.group_column is not None:

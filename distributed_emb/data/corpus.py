@@ -45,9 +45,17 @@ __all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows"]
 
 
 def corpus_columns(data_config: DataConfig) -> list[str]:
+    """The text columns of a row, read, cleaned and tokenised alike, in the order the collator
+    stacks them: the sentence (or the pair's anchor and positive), then the hard negative
+    (`data.negative_column`) when there is one. A row missing any of them is dropped and
+    counted (readers.TextRows)."""
     if data_config.kind == "sentences":
-        return [data_config.text_column]
-    return [data_config.anchor_column, data_config.positive_column]
+        columns = [data_config.text_column]
+    else:
+        columns = [data_config.anchor_column, data_config.positive_column]
+    if data_config.negative_column is not None:
+        columns.append(data_config.negative_column)
+    return columns
 
 
 def text_rules(data_config: DataConfig) -> TextRows:

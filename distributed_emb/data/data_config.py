@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from distributed_emb.checks import require
 from distributed_emb.settings import Seed, section
 
 
@@ -35,6 +36,18 @@ class DataConfig:
     ] = "sentences"
     anchor_column: Annotated[str, Field(description="pairs: the anchor field")] = "anchor"
     positive_column: Annotated[str, Field(description="pairs: the positive field")] = "positive"
+    # A third text a row: what jobs/mine_negatives.py writes (its column `negative`). Read,
+    # cleaned and tokenised as the row's other texts are (data/corpus.py corpus_columns).
+    negative_column: Annotated[
+        str | None,
+        Field(
+            description="a hard negative a row (sentences and pairs; jobs/mine_negatives.py "
+            "writes it as `negative`): embedded with the views, and a candidate of every "
+            "anchor of the global batch in the contrastive term (not masked by "
+            "data.group_column: its group is not known); a row whose negative is missing, "
+            "null or empty is dropped and counted, as one without its text; null: none"
+        ),
+    ] = None
     group_column: Annotated[
         str | None,
         Field(
@@ -114,3 +127,32 @@ class DataConfig:
             "cutting it; 0 or 1: batches as they come",
         ),
     ] = 0
+
+
+def validate_negative_column(data: DataConfig, contrastive_weight: float) -> None:
+    """`data.negative_column`, where set: a column of its own (not one of the row's texts or its
+    group), read by a term that uses it (only the contrastive term has candidates)."""
+    column = data.negative_column
+    if column is None:
+        return
+    if data.kind == "sentences":
+        taken = {"data.text_column": data.text_column}
+    else:
+        taken = {
+            "data.anchor_column": data.anchor_column,
+            "data.positive_column": data.positive_column,
+        }
+    if data.group_column is not None:
+        taken["data.group_column"] = data.group_column
+    for key, other in taken.items():
+        require(
+            column != other,
+            "data.negative_column",
+            f"{column!r} is also {key}: name the column holding each row's hard negative",
+        )
+    require(
+        contrastive_weight > 0,
+        "data.negative_column",
+        "hard negatives are candidates of the contrastive term, and loss.contrastive_weight is "
+        "0: give it a weight or set data.negative_column=null",
+    )

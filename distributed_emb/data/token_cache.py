@@ -19,14 +19,15 @@ pyarrow filesystem URI (s3://, gs://):
                                       corpus drop counts of the pass that made it
 
 Each rank reads its own rows from the shards by row number (data/rank_batches.py); a row's
-`_length` (its token count; pairs: the longer side) is stored beside its ids so length grouping
-reads 4 bytes a row, not the ids.
+`_length` (its token count; pairs and rows with a hard negative: its longest text) is stored
+beside its ids so length grouping reads 4 bytes a row, not the ids.
 
 The key id is a hash of everything that decides the ids: the corpus files (paths, sizes,
-modification times), the cleaning rules (columns, kind, max_chars, de-duplication, max_rows,
-split), the tokenizer (its name and a hash of its whole definition: vocabulary, normaliser,
-special tokens) and the maximum length, plus the cache's format version. Anything else (batch
-size, shuffling, workers) is applied when the shards are read.
+modification times), the cleaning rules (the text columns, `data.negative_column` among them;
+kind, max_chars, de-duplication, max_rows, split), the tokenizer (its name and a hash of its
+whole definition: vocabulary, normaliser, special tokens) and the maximum length, plus the
+cache's format version. Anything else (batch size, shuffling, workers) is applied when the
+shards are read.
 
 Crash safety: shards are written under a fresh `data-<uuid>` name and only a COMMIT.json that
 names them makes them visible (an atomic rename locally; a single object PUT on object stores,

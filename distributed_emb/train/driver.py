@@ -10,7 +10,6 @@ then exports the best checkpoint and writes metrics.json.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -67,6 +66,12 @@ from distributed_emb.watchdog import no_silent_stall
 log = logging.getLogger(__name__)
 
 
+def prepare(config: TrainingConfig) -> None:
+    """As loaded: paths absolute, so that the checks before Ray and the run's identity see the
+    paths the workers will (resolve_run keeps them so, for configs built in code)."""
+    config.make_paths_absolute()
+
+
 def check(config: TrainingConfig) -> None:
     """Before Ray starts: the storage the run writes to, an earlier run under the same name
     (run_training checks again and, for --overwrite, deletes), and the corpus (listed; a small
@@ -75,8 +80,7 @@ def check(config: TrainingConfig) -> None:
     check_model_lengths(config)
     check_compression_head(config)
     check_retrieval_data(config)
-    # The run's identity is of the absolute paths (resolved again, with the layout, when it runs).
-    prepare_run(with_absolute_paths(config), dry_run=True)
+    prepare_run(config, dry_run=True)
     train = config.train
     check_small_corpus(
         config.data,
@@ -84,13 +88,6 @@ def check(config: TrainingConfig) -> None:
         f"train.num_workers {train.max_workers} × train.batch_size {train.batch_size} × "
         f"train.gradient_accumulation_steps {train.gradient_accumulation_steps}",
     )
-
-
-def with_absolute_paths(config: TrainingConfig) -> TrainingConfig:
-    """A copy of `config` whose paths are as the run will resolve them (train/resolved_run.py)."""
-    absolute = copy.deepcopy(config)
-    absolute.make_paths_absolute()
-    return absolute
 
 
 def check_storage(config: TrainingConfig) -> None:
@@ -464,6 +461,7 @@ def stsb_test(config: TrainingConfig, model_dir: str) -> float | None:
 # and jobs/finetune_mcr2.py: `Job(..., **TRAINING_STEPS)`).
 TRAINING_STEPS = {
     "config_class": TrainingConfig,
+    "prepare": prepare,
     "check": check,
     "plan": plan,
     "run": run,

@@ -7,11 +7,12 @@ Limited Setup", 2021; https://github.com/luyug/GradCache) splits the *encoder* w
 
 1. Embed the local batch in mini-batches of m sentences with no graph, recording the RNG state
    before each mini-batch (both views of a sentence travel together, so each mini-batch holds
-   rows i and B+i of the (2B, L) batch).
-2. Concatenate the embeddings into leaf tensors z1, z2 (B, d), compute the full objective
-   exactly as the plain step does (InfoNCE over the gathered global batch + λ·reconstruction,
-   same-group masking) and take ∂loss/∂z (the gather's backward all-reduces these across
-   workers, so each rank gets the gradient of the global loss w.r.t. its own rows).
+   rows i and B+i of the (2B, L) batch, and row i's hard negative when the batch has them).
+2. Concatenate the embeddings into leaf tensors z1, z2 (and the negatives' z) (B, d), compute
+   the full objective exactly as the plain step does (InfoNCE over the gathered global batch,
+   hard negatives included, + λ·reconstruction, same-group masking) and take ∂loss/∂z (the
+   gather's backward all-reduces these across workers, so each rank gets the gradient of the
+   global loss w.r.t. its own rows).
 3. Re-run each mini-batch with the graph, restoring its RNG state so every dropout mask is the
    one used in step 1, and backpropagate the cached gradient: backward of Σ z ⊙ ∂loss/∂z. By
    the chain rule the summed parameter gradients equal those of one forward over the whole
@@ -68,14 +69,17 @@ import torch
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from distributed_emb import distributed
+from distributed_emb.data.collate import NEGATIVE_KEYS
 from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.losses.mlm import mlm_loss
 from distributed_emb.train.engine import Engine
 from distributed_emb.train.step import (
     _full_precision,
     add_mlm_term,
+    embedded_rows,
     embedding_objective,
     global_means,
+    has_negatives,
     rank_weight,
 )
 
@@ -113,12 +117,14 @@ class RandContext:
 def split_mini_batches(
     batch: dict[str, torch.Tensor], mini_batch_size: int, use_mlm: bool
 ) -> list[dict[str, torch.Tensor]]:
-    """(2B, L) batch → mini-batches of m sentences, each (2m_j, L_j) with both views.
+    """(2B, L) batch → mini-batches of m sentences, each (2m_j, L_j) with both views, or
+    (3m_j, L_j) with their hard negatives too.
 
     Mini-batch j holds rows [jm, jm+m) (first views) then [B+jm, B+jm+m) (their second views),
-    and, with MLM, the masked copies of rows [jm, jm+m). Trailing columns that are padding in
-    every row of the mini-batch are cut (right padding: positions of real tokens do not move),
-    so short mini-batches cost less.
+    then, when the batch has hard negatives, rows [jm, jm+m) of the negatives' block (the order
+    of step.embedded_rows), and, with MLM, the masked copies of rows [jm, jm+m). Trailing
+    columns that are padding in every row of the mini-batch are cut (right padding: positions
+    of real tokens do not move), so short mini-batches cost less.
     """
     if mini_batch_size < 1:
         raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
@@ -126,17 +132,22 @@ def split_mini_batches(
     if rows % 2:
         raise ValueError(f"input_ids has {rows} rows; expected 2B (two views of B sentences)")
     sentences = rows // 2
+    negatives = has_negatives(batch)
+    if negatives and batch[NEGATIVE_KEYS[0]].shape[0] != sentences:
+        raise ValueError(
+            f"{NEGATIVE_KEYS[0]} has {batch[NEGATIVE_KEYS[0]].shape[0]} rows; expected B = "
+            f"{sentences} (one hard negative a sentence)"
+        )
+    input_ids, attention_mask = embedded_rows(batch)  # (2B or 3B, L)
+    blocks = 3 if negatives else 2
     device = batch["input_ids"].device
     mini_batches = []
     for start in range(0, sentences, mini_batch_size):
         stop = min(start + mini_batch_size, sentences)
         first = torch.arange(start, stop, device=device)
-        both = torch.cat([first, first + sentences])  # (2m_j,)
+        chosen = torch.cat([first + block * sentences for block in range(blocks)])  # (2m_j|3m_j,)
         mini = _trim_padding(
-            {
-                "input_ids": batch["input_ids"][both],
-                "attention_mask": batch["attention_mask"][both],
-            },
+            {"input_ids": input_ids[chosen], "attention_mask": attention_mask[chosen]},
             "attention_mask",
         )
         if use_mlm:
@@ -145,11 +156,13 @@ def split_mini_batches(
     return mini_batches
 
 
-def _filler(mini: dict[str, torch.Tensor], use_mlm: bool) -> dict[str, torch.Tensor]:
-    """A one-sentence mini-batch (the first of `mini`, both views) with no masked MLM token, so
-    it can be run for the collectives it makes and add nothing to the loss."""
-    both = [0, mini["input_ids"].shape[0] // 2]
-    filler = {"input_ids": mini["input_ids"][both], "attention_mask": mini["attention_mask"][both]}
+def _filler(mini: dict[str, torch.Tensor], use_mlm: bool, blocks: int) -> dict[str, torch.Tensor]:
+    """A one-sentence mini-batch (the first of `mini`, each of its `blocks`: both views [and
+    the negative]) with no masked MLM token, so it can be run for the collectives it makes and
+    add nothing to the loss."""
+    rows = mini["input_ids"].shape[0] // blocks
+    each = [block * rows for block in range(blocks)]
+    filler = {"input_ids": mini["input_ids"][each], "attention_mask": mini["attention_mask"][each]}
     if use_mlm:
         filler.update({key: mini[key][:1] for key in MLM_KEYS})
         filler["mlm_labels"] = torch.full_like(filler["mlm_labels"], -100)
@@ -165,7 +178,8 @@ def _trim_padding(tensors: dict[str, torch.Tensor], mask_key: str) -> dict[str, 
 def forward_mini_batch(
     forward_module, mini: dict[str, torch.Tensor], use_mlm: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward call, as forward_objective makes it: (2m, d) embeddings [, (m, L, V) logits]."""
+    """One forward call, as forward_objective makes it: (2m, d) embeddings, (3m, d) with hard
+    negatives [, (m, L, V) logits]."""
     outputs = forward_module(
         mini["input_ids"],
         mini["attention_mask"],
@@ -191,38 +205,40 @@ def cached_step(
     exists only so a test can show the replay matters: never use it to train.
     """
     use_mlm = weights.mlm_weight > 0 and "mlm_input_ids" in batch
+    negatives = has_negatives(batch)
+    blocks = 3 if negatives else 2  # embedded rows a sentence: both views [and its negative]
     sizes = distributed.gather_sizes(batch["input_ids"].shape[0] // 2)  # every rank's B_r
     mini_batches = split_mini_batches(batch, mini_batch_size, use_mlm)
-    sentences = [mini["input_ids"].shape[0] // 2 for mini in mini_batches]
+    sentences = [mini["input_ids"].shape[0] // blocks for mini in mini_batches]
     # Every rank runs as many mini-batches as the one with the most rows: under ZeRO-2/3 each
     # forward and backward makes collectives. A rank whose slice is a row shorter makes up the
     # count with a filler, its first sentence again, which adds nothing to the gradient.
     fillers = -(-max(sizes) // mini_batch_size) - len(mini_batches)
-    mini_batches += [_filler(mini_batches[0], use_mlm)] * fillers
+    mini_batches += [_filler(mini_batches[0], use_mlm, blocks)] * fillers
     sentences += [0] * fillers
 
     # 1. Embed without a graph, remembering the RNG state each mini-batch started from.
-    rng_states, view1, view2 = [], [], []
+    rng_states, cached = [], [[] for _ in range(blocks)]  # per block: (m_j, d) pieces
     with torch.no_grad():
         for mini, rows in zip(mini_batches, sentences, strict=True):
             rng_states.append(RandContext(mini["input_ids"]))
             with engine.autocast():
-                z, _ = forward_mini_batch(engine.forward_module, mini, use_mlm)  # (2m, d)
-            z1, z2 = _full_precision(z).chunk(2)
-            view1.append(z1[:rows])
-            view2.append(z2[:rows])
+                z, _ = forward_mini_batch(engine.forward_module, mini, use_mlm)  # (2m|3m, d)
+            for pieces, part in zip(cached, _full_precision(z).chunk(blocks), strict=True):
+                pieces.append(part[:rows])
 
     # 2. The full objective on the cached embeddings, and its gradient w.r.t. each of them,
     # weighted as the plain step weights its loss (unequal slices: step.rank_weight).
-    z1 = torch.cat(view1).requires_grad_()  # (B, d) leaf
-    z2 = torch.cat(view2).requires_grad_()  # (B, d) leaf
+    leaves = [torch.cat(pieces).requires_grad_() for pieces in cached]  # (B, d) leaves
+    z1, z2 = leaves[:2]
+    z_negative = leaves[2] if negatives else None
     weight = rank_weight(sizes)
     with engine.autocast():
         loss, metrics = embedding_objective(
-            z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes
+            z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes, z_negative
         )
     # The gather's backward all-reduces.
-    grad_z1, grad_z2 = torch.autograd.grad(loss * weight, [z1, z2])
+    grads = torch.autograd.grad(loss * weight, leaves)
 
     # 3. Re-run each mini-batch with its dropout masks and push the cached gradients through.
     masked_total = int((batch["mlm_labels"] != -100).sum()) if use_mlm else 0
@@ -239,7 +255,7 @@ def cached_step(
                     z, logits = forward_mini_batch(engine.forward_module, mini, use_mlm)
             z = _full_precision(z)
             if rows:
-                cached_grad = torch.cat([grad_z1[start:stop], grad_z2[start:stop]])  # (2m, d)
+                cached_grad = torch.cat([grad[start:stop] for grad in grads])  # (2m|3m, d)
                 surrogate = (z * cached_grad).sum()  # ∂surrogate/∂z = ∂loss/∂z
             else:  # a filler: in the graph (DDP expects every parameter), with no gradient
                 surrogate = z.sum() * 0.0

@@ -1,4 +1,5 @@
-"""One training step's math: forward both views, the objective, backward.
+"""One training step's math: forward both views (and the hard negatives), the objective,
+backward.
 
 The objective, as `embedding_objective` and `add_mlm_term` compute it:
 L = α·L_C + λ·L_R + β·L_MLM + δ·L_D + γ·L_MCR², each term in its own file of losses/
@@ -20,6 +21,7 @@ import contextlib
 import torch
 
 from distributed_emb import distributed
+from distributed_emb.data.collate import NEGATIVE_KEYS
 from distributed_emb.losses.distillation import distillation_loss
 from distributed_emb.losses.info_nce import info_nce_loss
 from distributed_emb.losses.loss_config import LossConfig, MCR2LossConfig
@@ -32,19 +34,21 @@ def forward_objective(
     forward_module, batch: dict[str, torch.Tensor], weights: LossConfig
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss to backpropagate, metrics) for one batch (rows [0, B) first view, [B, 2B) second
-    view): the loss is this rank's, weighted by rank_weight; the metrics are global means."""
+    view; with hard negatives, their (B, L) block embedded in the same forward as rows
+    [2B, 3B)): the loss is this rank's, weighted by rank_weight; the metrics are global means."""
     use_mlm = weights.mlm_weight > 0 and "mlm_input_ids" in batch
+    input_ids, attention_mask = embedded_rows(batch)  # (2B or 3B, L)
     outputs = forward_module(
-        batch["input_ids"],
-        batch["attention_mask"],
+        input_ids,
+        attention_mask,
         mlm_input_ids=batch["mlm_input_ids"] if use_mlm else None,
         mlm_attention_mask=batch["mlm_attention_mask"] if use_mlm else None,
     )
     z, logits = outputs if use_mlm else (outputs, None)
-    z1, z2 = _full_precision(z).chunk(2)  # (B, d) each
+    z1, z2, negatives = split_embeddings(_full_precision(z), has_negatives(batch))  # (B, d) each
     sizes = distributed.gather_sizes(z1.shape[0])  # for the weight and L_C's gathers
     loss, metrics = embedding_objective(
-        z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes
+        z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes, negatives
     )
     weight = rank_weight(sizes)
     mlm = mlm_loss(_full_precision(logits), batch["mlm_labels"]) if use_mlm else None
@@ -62,6 +66,36 @@ def plain_step(engine, batch: dict[str, torch.Tensor], weights: LossConfig, sync
             loss, metrics = forward_objective(engine.forward_module, batch, weights)
         engine.backward(loss)
     return metrics
+
+
+def has_negatives(batch: dict[str, torch.Tensor]) -> bool:
+    """The batch carries a hard negative a row (data.negative_column, data/collate.py)."""
+    return NEGATIVE_KEYS[0] in batch
+
+
+def embedded_rows(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of every row the encoder embeds: the (2B, L) views, then
+    the (B, L) hard negatives when the batch has them ((3B, L): one forward, one set of
+    collectives under DDP/ZeRO, as for the views alone)."""
+    if not has_negatives(batch):
+        return batch["input_ids"], batch["attention_mask"]
+    ids, mask = NEGATIVE_KEYS
+    return (
+        torch.cat([batch["input_ids"], batch[ids]]),
+        torch.cat([batch["attention_mask"], batch[mask]]),
+    )
+
+
+def split_embeddings(
+    z: torch.Tensor, negatives: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(2B, d) or, with hard negatives, (3B, d) embeddings in embedded_rows' order → z1, z2
+    and the negatives' z (None without), (B, d) each."""
+    if negatives:
+        z1, z2, z_negative = z.chunk(3)
+        return z1, z2, z_negative
+    z1, z2 = z.chunk(2)
+    return z1, z2, None
 
 
 def rank_weight(sizes: list[int]) -> float:
@@ -104,17 +138,19 @@ def embedding_objective(
     groups: torch.Tensor | None = None,
     teacher_vectors: torch.Tensor | None = None,
     sizes: list[int] | None = None,
+    negatives: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The embedding terms α·L_C + λ·L_R + δ·L_D + γ·L_MCR² on (B, d) views (`teacher_vectors`:
     the teacher's (2B, D) vectors of the rows behind z1 then z2, needed by δ and by MCR²'s μ;
     `groups` (B,): the rows' documents, negatives to no one in L_C, MCR²'s clusters Π;
-    `sizes`: every rank's B, where the step already gathered them, for L_C's gathers);
-    metrics stay tensors (no host sync) except MCR²'s."""
+    `sizes`: every rank's B, where the step already gathered them, for L_C's gathers;
+    `negatives` (B, d): the rows' hard negatives, extra candidates of L_C alone: the other
+    terms read the views only); metrics stay tensors (no host sync) except MCR²'s."""
     loss = z1.new_zeros(())
     metrics = {}
     if weights.contrastive_weight > 0:  # α = 0: no gather, no similarity matrix
         contrastive = info_nce_loss(
-            z1, z2, weights.temperature, weights.gather_negatives, groups, sizes
+            z1, z2, weights.temperature, weights.gather_negatives, groups, sizes, negatives
         )
         loss = loss + weights.contrastive_weight * contrastive
         metrics["loss_contrastive"] = contrastive.detach()

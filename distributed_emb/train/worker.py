@@ -341,6 +341,7 @@ def _collator(
         text_column=data.text_column,
         anchor_column=data.anchor_column,
         positive_column=data.positive_column,
+        negative_column=data.negative_column,
         group_column=data.group_column,
         mlm_probability=loss.mlm_probability if loss.mlm_weight > 0 else None,
         seed=seed,

@@ -147,6 +147,10 @@ class EmbedJobConfig:
                 "data.deduplicate: not available to the embed job (every kept row is embedded, "
                 "copies included, so that a block can be embedded alone); set it to false"
             )
+        if self.data.negative_column is not None:
+            raise ConfigError(
+                "data.negative_column: the embed job embeds one text a row; set it to null"
+            )
         if self.data.group_column is not None:
             raise ConfigError(
                 "data.group_column: the embed job writes no group column; set it to null"
