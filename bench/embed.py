@@ -44,6 +44,7 @@ import numpy as np
 # First: importing it sets the jobs' environment defaults (hub offline) before the imports
 # below bring in the hub client, which reads them once.
 from distributed_emb.runtime import environment_defaults  # isort: skip
+from bench.encoding import cosine_rows
 from bench.machine import describe_machine, load_now
 from distributed_emb.config import load_config
 from distributed_emb.data.corpus import read_rows
@@ -121,12 +122,6 @@ def st_one_process_arm(model: str, texts: list[str]) -> np.ndarray:
 
     encoder = SentenceTransformer(model, device="cpu")
     return encoder.encode(texts, batch_size=BATCH, show_progress_bar=False)
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)  # (n,)
 
 
 def main(argv: list[str] | None = None) -> int:
