@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -30,6 +32,16 @@ class ExportConfig:
     license: Annotated[
         str | None, Field(description="the model card's licence; null: the base model card's")
     ] = None
+    # model/onnx_export.py: one graph of every module (a head is never dropped), checked
+    # against the torch model on STS-B dev; metrics.json "backends" and the card record it.
+    backends: Annotated[
+        list[Literal["onnx", "onnx_int8"]],
+        Field(
+            description="also export these serving backends into <model>/onnx/: onnx (fp32) "
+            "and onnx_int8 (int8 weights), each with its cosine agreement with the torch "
+            "model and STS-B dev (needs pip install -e '.[onnx]')"
+        ),
+    ] = dataclasses.field(default_factory=list)
 
 
 def validate_export_config(c: ExportConfig, key: str = "export") -> None:
@@ -40,6 +52,13 @@ def validate_export_config(c: ExportConfig, key: str = "export") -> None:
             looks_like_hub_name(c.hub_model_id),
             f"{key}.hub_model_id",
             f"{c.hub_model_id!r} is not a hub repository id like 'my-org/my-model'",
+        )
+    if c.backends:
+        _require(
+            importlib.util.find_spec("onnxruntime") is not None
+            and importlib.util.find_spec("onnx") is not None,
+            f"{key}.backends",
+            f"{c.backends} needs onnx and onnxruntime: pip install -e '.[onnx]'",
         )
     if c.push_to_hub:
         _require(

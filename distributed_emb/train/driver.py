@@ -393,8 +393,11 @@ def run_training(
     }
     if model_dir is not None and config.eval.test_after_training:
         metrics["stsb_test"] = stsb_test(config, model_dir)
+    if model_dir is not None and config.export.backends:
+        metrics["backends"] = export_backends(model_dir, config)
     if model_dir is not None:
-        # The card gets the run's final numbers (corpus size, STS-B test); pushes if asked.
+        # The card gets the run's final numbers (corpus size, STS-B test, the serving
+        # backends); pushes if asked.
         finalize_export(model_dir, config, metrics)
     write_run_plots(output, history, output / "train_log.jsonl")
     if config.output.storage_path:
@@ -445,6 +448,26 @@ def _history(last_checkpoint) -> list[dict]:
 def _mean(values) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
+
+
+# export.backends → the onnx/ variants model/onnx_export.py writes.
+ONNX_VARIANTS = {"onnx": "fp32", "onnx_int8": "int8"}
+
+
+def export_backends(model_dir: str, config: TrainingConfig) -> dict:
+    """export.backends: the ONNX graph (every module of the export) and its variants written
+    into <model_dir>/onnx/, each checked against the torch model on STS-B dev; what
+    metrics.json keeps under "backends" (modules, and per variant its cosine agreement and
+    Spearman)."""
+    from distributed_emb.model.onnx_export import export_onnx, write_export_info  # startup
+    from distributed_emb.model.serving_check import serving_check
+
+    variants = [ONNX_VARIANTS[name] for name in config.export.backends]
+    info = export_onnx(model_dir, variants)
+    checked = serving_check(model_dir, variants, config.eval.senteval_dir, config.eval.max_pairs)
+    info["backends"] = checked
+    write_export_info(model_dir, info)
+    return {"modules": info["modules"], **checked}
 
 
 def stsb_test(config: TrainingConfig, model_dir: str) -> float | None:

@@ -13,6 +13,7 @@ from distributed_emb.data.sources import is_hub_name, is_remote
 from distributed_emb.model.model_card import (
     PACKAGED_MODEL_ID,
     ModelCardInfo,
+    add_card_lines,
     add_eval_results,
     base_model_card,
     push_export,
@@ -168,7 +169,8 @@ def finalize_export(
     model_dir: str, config: TrainingConfig, metrics: dict, command: str | None = None
 ) -> str | None:
     """After the run: rewrite the export's card with the final metrics (corpus size, STS-B
-    test), then push it to the hub if `export.push_to_hub`. Returns the hub URL, else None."""
+    test, the serving backends), then push it to the hub if `export.push_to_hub`. Returns the
+    hub URL, else None."""
     from sentence_transformers import SentenceTransformer  # startup
 
     model = SentenceTransformer(model_dir, device="cpu", local_files_only=True)
@@ -176,6 +178,24 @@ def finalize_export(
     model.model_card_data = replace_card(model, info)
     add_eval_results(model, info)
     write_readme(model, model_dir, info)
+    if metrics.get("backends"):
+        add_card_lines(model_dir, serving_lines(metrics["backends"]))
     if config.export.push_to_hub:
         return push_export(model_dir, config.export.hub_model_id)
     return None
+
+
+def serving_lines(backends: dict) -> list[str]:
+    """The card's lines on export.backends: which modules the ONNX graph holds (a head is
+    never dropped silently) and how each variant embeds against the torch model."""
+    lines = [f"ONNX graph (onnx/): {' → '.join(backends['modules'])}"]
+    torch_spearman = backends["torch"]["stsb_dev_spearman"]
+    for name, result in backends.items():
+        if name.startswith("onnx_"):
+            variant = name.removeprefix("onnx_")
+            lines.append(
+                f"ONNX {variant} ({result['file']}): cosine with the torch model "
+                f"{result['cosine_to_torch_mean']:.4f} (worst {result['cosine_to_torch_min']:.4f}),"
+                f" STS-B dev {result['stsb_dev_spearman']:.2f} (torch {torch_spearman:.2f})"
+            )
+    return lines
