@@ -5,8 +5,9 @@ A run killed mid-write (OOM killer, preemption, Ctrl-C, a full disk) used to lea
 ``metrics.json`` or a model directory with weights but no ``modules.json``; the next run or a
 downstream job then failed far from the cause, or silently loaded the wrong thing.
 
-- :func:`write_text_atomic`: write a temporary file in the same directory, fsync it, then
-  ``os.replace`` it over the target (atomic on POSIX and Windows within one file system).
+- :func:`write_text_atomic`, :func:`write_bytes_atomic`: write a temporary file in the same
+  directory, fsync it, then ``os.replace`` it over the target (atomic on POSIX and Windows
+  within one file system).
 - :func:`staged_directory` / :func:`replace_directory`: build a directory as a hidden sibling,
   then swap it in. An existing directory is moved aside first and deleted only after the new one
   is in place, so a failure before the swap leaves it untouched; a crash in the instant between
@@ -44,14 +45,19 @@ def _fsync_directory(directory: Path) -> None:
 
 def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
     """Replace `path` with `text` in one step; on any failure the previous file is untouched."""
+    write_bytes_atomic(path, text.encode(encoding))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data` in one step; on any failure the previous file is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(path, "tmp")
     # os.open with 0o666 honours the umask, like a plain open() would (mkstemp forces 0o600).
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding=encoding) as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from distributed_emb.atomic_files import write_text_atomic
+from distributed_emb.atomic_files import write_bytes_atomic
 from distributed_emb.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -95,26 +95,36 @@ def has_files(location: str | Path) -> bool:
     return bool(filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
 
 
-def write_text(location: str | Path, text: str) -> None:
-    """Write a small text file whole: atomically on a local disk (rename), and as one PUT on
-    object storage (readers see the old object or the new one, never half)."""
+def write_bytes(location: str | Path, data: bytes) -> None:
+    """Write a file whole: atomically on a local disk (rename), and as one PUT on object
+    storage (readers see the old object or the new one, never half)."""
     if not is_remote(location):
-        Path(location).parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(location, text)
+        write_bytes_atomic(location, data)
         return
     filesystem, path = filesystem_of(location)
     filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with filesystem.open_output_stream(path) as stream:
-        stream.write(text.encode())
+        stream.write(data)
 
 
-def read_text(location: str | Path) -> str | None:
-    """The file's text, or None where there is none."""
+def write_text(location: str | Path, text: str) -> None:
+    """A small text file written whole (write_bytes)."""
+    write_bytes(location, text.encode())
+
+
+def read_bytes(location: str | Path) -> bytes | None:
+    """The file's content, or None where there is none."""
     filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.File:
         return None
     with filesystem.open_input_stream(path) as stream:
-        return stream.read().decode()
+        return stream.read()
+
+
+def read_text(location: str | Path) -> str | None:
+    """The file's text, or None where there is none."""
+    data = read_bytes(location)
+    return None if data is None else data.decode()
 
 
 def delete_tree(location: str | Path) -> None:

@@ -43,15 +43,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import faiss
 import numpy as np
 
-from distributed_emb.storage import filesystem_of, is_remote, join, read_text, write_text
+from distributed_emb.storage import (
+    filesystem_of,
+    is_remote,
+    join,
+    read_text,
+    write_bytes,
+    write_text,
+)
 from distributed_emb.vectors.index_config import IndexConfig
 from distributed_emb.vectors.shard_layout import (
     EMBEDDING,
@@ -253,26 +257,6 @@ def search_index(
     scores, rows = index.search(queries, k, params=params)
     scores[rows < 0] = -np.inf  # faiss marks a missing hit with −3.4e38
     return scores, rows.astype(np.int64, copy=False)
-
-
-def write_bytes(location: str, data: bytes) -> None:
-    """A whole file at once, so a reader never sees half of one: renamed into place on a
-    local disk; on object storage one object, which appears only when its upload completes."""
-    filesystem, path = filesystem_of(location)
-    if not is_remote(location):
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:12]}")
-        try:
-            staged.write_bytes(data)  # open() honours the umask, as the shards' files do
-            os.replace(staged, target)
-        except BaseException:
-            staged.unlink(missing_ok=True)
-            raise
-        return
-    filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with filesystem.open_output_stream(path) as stream:
-        stream.write(data)
 
 
 def _info_json(info: IndexInfo) -> str:

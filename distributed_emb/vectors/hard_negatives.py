@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distributed_emb.checks import ConfigError
-from distributed_emb.storage import exists, has_files, join, write_text
-from distributed_emb.vectors.ann_index import read_index_info, write_bytes
+from distributed_emb.storage import exists, has_files, join, write_bytes, write_text
+from distributed_emb.vectors.ann_index import read_index_info
 from distributed_emb.vectors.mining_config import MiningConfig
 from distributed_emb.vectors.search import lookup_columns, search_keys
 from distributed_emb.vectors.shard_layout import (
@@ -194,7 +194,7 @@ def output_file(manifest: Manifest, number: int) -> str:
 
 
 def mine_and_write(manifest: Manifest, number: int, config: MiningConfig) -> ShardCounts:
-    """mine_shard, then its table written whole to output.dir (ann_index.write_bytes)."""
+    """mine_shard, then its table written whole to output.dir (storage.write_bytes)."""
     import faiss
 
     # The task's CPUs, not every core of a node other tasks share.

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +30,22 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from distributed_emb.storage import filesystem_of, is_remote, join, read_text, write_text
+from distributed_emb.storage import (
+    filesystem_of,
+    is_remote,
+    join,
+    read_bytes,
+    read_text,
+    write_bytes,
+    write_text,
+)
 from distributed_emb.vectors.shard_layout import CALIBRATION
 
 SHARDS = "shards"
 SETTINGS = "embedding_settings.json"
 
 _SHARD_NAME = re.compile(r"part-(\d+)\.parquet")
-_TEMPORARY = ".tmp-"
+_TEMPORARY = ".tmp-"  # atomic_files: a write in progress is ".<name>.tmp-<hex>"
 
 
 def shard_name(first_id: int) -> str:
@@ -68,26 +74,12 @@ def shard_rows(location: str) -> int | None:
 
 
 def write_shard(table: pa.Table, location: str) -> None:
-    """Write `table` as the Parquet file at `location`, whole or not at all: locally under a
-    hidden temporary name in the same directory, flushed to disk, then renamed over the target;
-    on object storage as one upload, which readers see only once it is complete."""
-    filesystem, path = filesystem_of(location)
-    if is_remote(location):
-        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        pq.write_table(table, path, filesystem=filesystem)
-        return
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}{_TEMPORARY}{uuid.uuid4().hex[:12]}")
-    try:
-        with open(temporary, "wb") as handle:
-            pq.write_table(table, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    """Write `table` as the Parquet file at `location`, whole or not at all
+    (storage.write_bytes: a hidden temporary name in the same directory, flushed and renamed
+    over the target; on object storage one upload, seen only once complete)."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    write_bytes(location, buffer.getvalue())
 
 
 def remove_unfinished_writes(out: str) -> int:
@@ -123,23 +115,10 @@ def save_calibration(out: str, ranges: np.ndarray) -> None:
     """`ranges` (2, d): written once, before any int8 shard, and reused by every later run."""
     buffer = io.BytesIO()
     np.save(buffer, np.asarray(ranges, dtype=np.float32))
-    location = join(out, CALIBRATION)
-    if not is_remote(out):
-        target = Path(location)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}{_TEMPORARY}{uuid.uuid4().hex[:12]}")
-        temporary.write_bytes(buffer.getvalue())
-        os.replace(temporary, target)
-        return
-    filesystem, path = filesystem_of(location)
-    with filesystem.open_output_stream(path) as stream:
-        stream.write(buffer.getvalue())
+    write_bytes(join(out, CALIBRATION), buffer.getvalue())
 
 
 def load_calibration(out: str) -> np.ndarray | None:
     """The saved (2, d) int8 ranges of `out`, or None where there are none."""
-    filesystem, path = filesystem_of(join(out, CALIBRATION))
-    if filesystem.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with filesystem.open_input_stream(path) as stream:
-        return np.load(io.BytesIO(stream.read()), allow_pickle=False)
+    data = read_bytes(join(out, CALIBRATION))
+    return None if data is None else np.load(io.BytesIO(data), allow_pickle=False)
