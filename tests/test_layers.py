@@ -7,6 +7,12 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "distributed_emb"
+# Every module's syntax tree, parsed once when the file is collected, before any test runs. Not
+# inside a test: CPython 3.11 counts the AST builder's depth per interpreter, not per thread
+# (python/cpython#106905), and Ray threads left by earlier tests in this process can run
+# mid-parse (a garbage-collected dataset's usage report), which fails `ast.parse` with
+# "SystemError: AST constructor recursion depth mismatch".
+SYNTAX = {path: ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
 
 # Lowest first; a module may import its own layer and the ones below it.
 LAYERS = [
@@ -55,7 +61,7 @@ def room(module: str) -> str:
 
 def imports(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(SYNTAX[path]):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distributed_emb."):
             found.add(node.module)
             for alias in node.names:  # `from distributed_emb import cli`
@@ -97,7 +103,7 @@ def test_data_reads_its_own_settings_not_the_training_config():
     or reads another section (`<name>.train`, `<name>.model`, ...)."""
     found = []
     for path in sorted((PACKAGE / "data").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(SYNTAX[path]):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
                 found += [
