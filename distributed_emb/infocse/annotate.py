@@ -1,9 +1,9 @@
 """InfoCSE annotation: embed each document's sentences with the current model, cluster them (IDC),
 and write the positive pairs ``{anchor, positive, doc_id, cluster_id, round}`` to Parquet.
 
-Distributed path (:func:`annotate_documents`): Ray Data ``map_batches`` over the documents
-with :class:`DocumentAnnotator`, a stateful callable class, run by a fixed pool of actors that
-each load the model once. An actor embeds all sentences of a batch of documents in one
+Distributed path (:func:`annotate_documents`): the documents through the one encoding actor pool
+(``model/embedder.py encoding_pool``), each actor a :class:`DocumentAnnotator` that loads the
+model once. An actor embeds all sentences of a batch of documents in one
 ``encode`` call (sorted by length inside sentence-transformers, so little padding), splits the
 embeddings back per document and runs :func:`~distributed_emb.infocse.idc.intra_document_clusters`.
 
@@ -34,8 +34,7 @@ import ray
 from pydantic import Field
 
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
-from distributed_emb.model.embedder import Embedder, default_cpus_per_actor
-from distributed_emb.resource_plan import Extra, check_pool_plan
+from distributed_emb.model.embedder import Embedder, encoding_pool
 from distributed_emb.settings import section
 from distributed_emb.storage import has_files
 from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
@@ -190,22 +189,14 @@ def _annotate_one(
     }
 
 
-class DocumentAnnotator:
-    """Callable class for ``map_batches``: documents in, one annotation row per document out.
+class DocumentAnnotator(Embedder):
+    """An :class:`~distributed_emb.model.embedder.Embedder` (the model loaded once per actor of
+    the one encoding pool, ``model/embedder.py encoding_pool``) that clusters what it embeds:
+    documents in, one annotation row per document out."""
 
-    The model is held by an :class:`~distributed_emb.model.embedder.Embedder`, the
-    one model-holding embedder shared with the evaluator.
-    """
-
-    def __init__(self, model_path: str, config: AnnotationConfig) -> None:
-        self.config = config
-        self.embedder = Embedder(
-            model_path,
-            pooler=config.pooler,
-            batch_size=config.encode_batch_size,
-            max_seq_length=config.max_seq_length,
-            torch_threads=config.torch_threads,
-        )
+    def __init__(self, model_path: str, idc: IDCConfig, **embedder_args) -> None:
+        super().__init__(model_path, **embedder_args)
+        self.idc = idc
 
     def annotate(self, doc_ids: Sequence[str], sentence_lists: Sequence[Sequence[str]]) -> list:
         """Embed all documents' sentences in one call, split back, cluster each document."""
@@ -213,13 +204,13 @@ class DocumentAnnotator:
             return []
         flat = [s for sentences in sentence_lists for s in sentences]
         if flat:
-            embeddings = self.embedder.embed(flat)  # (Σ nᵢ, d)
+            embeddings = self.embed(flat)  # (Σ nᵢ, d)
         else:
             embeddings = np.zeros((0, 1), dtype=np.float32)
         offsets = np.cumsum([len(s) for s in sentence_lists])[:-1]
         per_document = np.split(embeddings, offsets)  # [(nᵢ, d)]
         return [
-            _annotate_one(doc_id, list(sentences), doc_embeddings, self.config.idc)
+            _annotate_one(doc_id, list(sentences), doc_embeddings, self.idc)
             for doc_id, sentences, doc_embeddings in zip(
                 doc_ids, sentence_lists, per_document, strict=True
             )
@@ -335,32 +326,33 @@ def annotate_documents(
     _check_output_dir(output_dir)
     if not ray.is_initialized():
         ray.init()
-    cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
     num_cpus = config.num_cpus_per_actor if reserve_cpus else 0.0
-    if num_cpus is None:
-        num_cpus = default_cpus_per_actor(config.concurrency, cluster_cpus)
-    # Fit or fail before any actor starts: actors that leave Ray Data no whole CPU for the
-    # read tasks wait forever for their input (docs/OPERATIONS.md, "Sizing a cluster").
-    check_pool_plan(
-        Extra("annotation actors", config.concurrency, num_cpus, config.num_gpus_per_actor),
-        fix="annotation.concurrency or annotation.num_cpus_per_actor",
-    )
 
     start = time.perf_counter()
     hint = "fix: annotation.concurrency, annotation.num_cpus_per_actor or the cluster's nodes"
     with no_silent_stall(config.stall_timeout_s, hint=hint):
         block = documents_per_block(documents.count(), config)
         documents = documents.repartition(target_num_rows_per_block=block)
-        annotated = documents.map_batches(
-            DocumentAnnotator,
-            fn_constructor_kwargs={"model_path": model_path, "config": config},
-            batch_size=config.documents_per_batch,
+        # The one encoding pool (a plan that cannot fit fails before any actor starts: actors
+        # that leave Ray Data no whole CPU for the read tasks wait forever for their input,
+        # docs/OPERATIONS.md "Sizing a cluster"), each actor a DocumentAnnotator.
+        annotated = encoding_pool(
+            documents,
+            model_path,
+            pooler=config.pooler,
+            batch_size=config.encode_batch_size,
+            max_seq_length=config.max_seq_length,
+            concurrency=config.concurrency,
+            num_cpus_per_actor=num_cpus,
+            num_gpus_per_actor=config.num_gpus_per_actor,
+            torch_threads=config.torch_threads,
+            rows_per_call=config.documents_per_batch,
             batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(
-                size=config.concurrency, max_tasks_in_flight_per_actor=2
-            ),
-            num_cpus=num_cpus,
-            num_gpus=config.num_gpus_per_actor,
+            embedder_class=DocumentAnnotator,
+            embedder_kwargs={"idc": config.idc},
+            max_tasks_in_flight_per_actor=2,
+            role="annotation actors",
+            fix="annotation.concurrency or annotation.num_cpus_per_actor",
         ).materialize()  # embedded once; counted and written from the stored rows
 
         counts = AnnotationCounts()
@@ -406,7 +398,14 @@ def annotate_documents_locally(
     if output_dir is not None:
         _check_output_dir(output_dir)
     start = time.perf_counter()
-    annotator = DocumentAnnotator(model_path, config)
+    annotator = DocumentAnnotator(
+        model_path,
+        config.idc,
+        pooler=config.pooler,
+        batch_size=config.encode_batch_size,
+        max_seq_length=config.max_seq_length,
+        torch_threads=config.torch_threads,
+    )
     tables: list[pa.Table] = []
     chunk: list[Mapping] = []
 

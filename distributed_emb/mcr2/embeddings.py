@@ -6,7 +6,7 @@ pairs, evaluation sets) is embedded once by the frozen encoder and kept
 - in memory by :class:`CachedEncoder` (text → vector, so the baselines and every head reuse
   the same full-size vectors), and
 - on disk as ``<cache_dir>/<key>.npy`` plus ``<key>.json``, a small manifest. The key hashes
-  the model (its path and a fingerprint of its files' names, sizes and mtimes, so retraining
+  the model (its path and a digest of its files, model/model_fingerprint.py, so retraining
   into the same directory invalidates the cache), the pooler, the max sequence length, the
   kind of embedding (plain or a dropout view) and the texts themselves.
 
@@ -31,6 +31,7 @@ import torch
 from pydantic import Field
 
 from distributed_emb.model.embedder import make_encoder, use_encoding_pool
+from distributed_emb.model.model_fingerprint import model_fingerprint
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
 from distributed_emb.paths import default_model_path
 from distributed_emb.settings import section
@@ -90,17 +91,6 @@ def texts_hash(texts: Sequence[str]) -> str:
     for text in texts:
         digest.update(text.encode("utf-8"))
         digest.update(b"\0")
-    return digest.hexdigest()
-
-
-def model_fingerprint(model_path: str) -> str:
-    """Hash of the model directory's file names, sizes and mtimes (a hub name hashes as is)."""
-    root = Path(model_path)
-    digest = hashlib.sha256(str(root.resolve() if root.exists() else model_path).encode())
-    if root.is_dir():
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            stat = path.stat()
-            digest.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
 
 

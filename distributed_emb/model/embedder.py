@@ -184,6 +184,9 @@ def encoding_pool(
     embedder_class: type[Embedder] = Embedder,
     embedder_kwargs: dict[str, Any] | None = None,
     max_restarts: int | None = None,
+    max_tasks_in_flight_per_actor: int | None = None,
+    role: str = "encoding actors",
+    fix: str = "the encoder's concurrency or num_cpus_per_actor",
 ) -> ray.data.Dataset:
     """`dataset` through a pool of `concurrency` encoding actors: each loads the model once
     (`embedder_class`, an :class:`Embedder` or a subclass given `embedder_kwargs` besides the
@@ -195,7 +198,10 @@ def encoding_pool(
     (:func:`default_cpus_per_actor`); `num_gpus_per_actor` to 1 when the cluster has at least
     `concurrency` GPUs, else 0. A pool that can never fit fails here (PlanError).
     `max_restarts`: how often a dead actor (killed, out of memory, its node lost) is restarted
-    with its unfinished calls retried on it; None keeps Ray Data's default (without end)."""
+    with its unfinished calls retried on it; None keeps Ray Data's default (without end).
+    `max_tasks_in_flight_per_actor`: calls queued on one actor (None: Ray Data's default); a
+    small queue keeps few large calls from piling onto the first actor up.
+    `role` and `fix` name the pool and the settings that size it in a plan error."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not ray.is_initialized():
@@ -205,10 +211,7 @@ def encoding_pool(
         num_cpus_per_actor = default_cpus_per_actor(concurrency, resources.get("CPU", 1.0))
     if num_gpus_per_actor is None:
         num_gpus_per_actor = 1.0 if resources.get("GPU", 0.0) >= concurrency else 0.0
-    check_pool_plan(
-        Extra("encoding actors", concurrency, num_cpus_per_actor, num_gpus_per_actor),
-        fix="the encoder's concurrency or num_cpus_per_actor",
-    )
+    check_pool_plan(Extra(role, concurrency, num_cpus_per_actor, num_gpus_per_actor), fix=fix)
     restarts = {}
     if max_restarts is not None:
         restarts = {"max_restarts": max_restarts, "max_task_retries": max_restarts}
@@ -232,7 +235,9 @@ def encoding_pool(
             },
             batch_size=batch_size if rows_per_call is None else rows_per_call,
             batch_format=batch_format,
-            compute=ray.data.ActorPoolStrategy(size=concurrency),
+            compute=ray.data.ActorPoolStrategy(
+                size=concurrency, max_tasks_in_flight_per_actor=max_tasks_in_flight_per_actor
+            ),
             num_cpus=num_cpus_per_actor,
             num_gpus=num_gpus_per_actor,
             **restarts,

@@ -11,7 +11,6 @@ job checks this before Ray starts.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -21,6 +20,7 @@ from distributed_emb.data.corpus import corpus_path
 from distributed_emb.data.sources import CorpusFiles, resolve_sources
 from distributed_emb.errors import UserInputError
 from distributed_emb.model.model_config import ModelConfig, require_model_dir
+from distributed_emb.model.model_fingerprint import model_fingerprint
 from distributed_emb.paths import default_model_path
 from distributed_emb.storage import filesystem_of, is_remote, join
 from distributed_emb.storage_paths import require_writable
@@ -70,28 +70,6 @@ def saved_pooling(location: str, pooler: str) -> str | None:
     else:
         saved = (Path(location) / "modules.json").is_file()  # model/sentence_transformer.py
     return None if saved else pooler
-
-
-def model_fingerprint(location: str) -> str | None:
-    """A digest of the model's files: their content for a local directory (a model retrained
-    into the same directory is another model), names, sizes and times on object storage;
-    None for a hub name."""
-    digest = hashlib.sha256()
-    if is_remote(location):
-        filesystem, path = filesystem_of(location)
-        found = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
-        stamps = sorted((i.path, i.size, str(i.mtime)) for i in found if i.type.name == "File")
-        digest.update(repr(stamps).encode())
-        return digest.hexdigest()[:32]
-    root = Path(location)
-    if not root.is_dir():
-        return None
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(root)).encode() + b"\0")
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()[:32]
 
 
 def embedding_settings(config: EmbedJobConfig, files: CorpusFiles) -> dict:

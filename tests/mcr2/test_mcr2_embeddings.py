@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,15 +71,26 @@ def test_changed_pooler_or_model_files_invalidate_the_cache(tmp_path, tiny_bert_
     CachedEncoder(config, encode=other_pooler)(SENTENCES)
     assert other_pooler.calls == [SENTENCES]
 
-    config_file = next(p for p in os.scandir(tiny_bert_path) if p.name == "config.json")
-    stat = os.stat(config_file.path)
+    # A model retrained into the same directory: a file's content changes (restored after).
+    config_file = Path(tiny_bert_path) / "config.json"
+    saved = config_file.read_bytes()
+    stat = config_file.stat()
     try:
-        os.utime(config_file.path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        config_file.write_bytes(saved + b"\n")
         retrained = CountingEncoder()
         CachedEncoder(_config(tmp_path, tiny_bert_path), encode=retrained)(SENTENCES)
         assert retrained.calls == [SENTENCES]
     finally:
-        os.utime(config_file.path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        config_file.write_bytes(saved)
+        os.utime(config_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # Touched but unchanged: the same model, still cached.
+    os.utime(config_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    try:
+        touched = CountingEncoder()
+        CachedEncoder(_config(tmp_path, tiny_bert_path), encode=touched)(SENTENCES)
+        assert touched.calls == []
+    finally:
+        os.utime(config_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def test_a_damaged_cache_entry_is_recomputed(tmp_path, tiny_bert_path):
