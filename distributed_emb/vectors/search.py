@@ -4,7 +4,8 @@ answers shard by shard, so no process holds more than one shard's index or vecto
 
 A hit is a key, (shard number << 40) | row, until the end: the ids (and texts) of the final
 top-k are then read from the shards that hold them. Scores are inner products of unit
-vectors (cosine similarities); queries are normalised here.
+vectors (cosine similarities; a binary row counts as its ±1 vector, shard_layout.sign_vectors);
+queries are normalised here.
 """
 
 from __future__ import annotations
@@ -227,10 +228,10 @@ def index_recall(
     ids, queries = sample_rows(manifest, sample, seed)
     approximate = search(manifest, queries, k + 1, ef_search=ef_search).ids
     exact = search(manifest, queries, k + 1, exact=True).ids
-    return recall_at_k(_without_self(approximate, ids, k), _without_self(exact, ids, k), k)
+    return recall_at_k(without_own_row(approximate, ids, k), without_own_row(exact, ids, k), k)
 
 
-def _without_self(found: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
+def without_own_row(found: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
     """Each row of `found` (q, k + 1) without its query's own id, cut to k."""
     kept = np.full((len(found), k), -1, dtype=np.int64)
     for i, (row, me) in enumerate(zip(found, own, strict=True)):

@@ -270,15 +270,12 @@ def unit_vectors(shard: Shard, manifest: Manifest, ranges: np.ndarray | None = N
 
     float32 written normalised is returned as stored, so an exact search reproduces the embed
     job's own scores; otherwise the rows are normalised here. int8 rows are dequantised with
-    the calibration `ranges` (read from OUT when not given). Binary (ubinary) output has no
-    inner-product vectors to give back: it is refused."""
+    the calibration `ranges` (read from OUT when not given); ubinary rows become their ±1
+    vectors (:func:`sign_vectors`)."""
     if shard.embeddings is None:
         raise ValueError(f"shard {shard.number} was read without its embeddings")
     if manifest.dtype == "ubinary":
-        raise ShardLayoutError(
-            f"{manifest.path}: dtype ubinary: the index, search and mining compare float "
-            "vectors by inner product; embed with dtype float32 or int8 for them"
-        )
+        return sign_vectors(shard.embeddings, manifest.dim)
     if manifest.dtype == "int8":
         if ranges is None:
             ranges = read_calibration(manifest)
@@ -286,6 +283,16 @@ def unit_vectors(shard: Shard, manifest: Manifest, ranges: np.ndarray | None = N
     if manifest.normalized:
         return np.ascontiguousarray(shard.embeddings, dtype=np.float32)
     return normalize_rows(shard.embeddings)
+
+
+def sign_vectors(bits: np.ndarray, dim: int) -> np.ndarray:
+    """(n, dim) float32 rows of ±1/√dim from (n, dim/8) packed ubinary rows (a set bit is +,
+    as sentence-transformers' `quantize_embeddings` packs `embedding > 0`): a binary
+    embedding as a unit vector. Its inner product with a unit float query is, up to the
+    constant 1/√dim, the score sentence-transformers rescores binary hits with (the float
+    query against the ±1 corpus vector), so it ranks them the same."""
+    signs = np.unpackbits(np.asarray(bits, dtype=np.uint8), axis=1, count=dim)
+    return (signs.astype(np.float32) * 2.0 - 1.0) / np.float32(np.sqrt(dim))
 
 
 def normalize_rows(vectors: np.ndarray) -> np.ndarray:

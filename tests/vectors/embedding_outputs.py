@@ -38,7 +38,8 @@ def write_embedding_output(
 ) -> Path:
     """`vectors` (n, d) cut into `shards` consecutive shards, written as the embed job writes
     them. ids default to 10·row + 7 (not positions, so a mix-up of the two shows); int8
-    quantises with sentence-transformers over the whole set and writes the calibration."""
+    quantises with sentence-transformers over the whole set and writes the calibration;
+    ubinary packs the signs with sentence-transformers."""
     n, dim = vectors.shape
     ids = np.arange(n, dtype=np.int64) * 10 + 7 if ids is None else np.asarray(ids, np.int64)
     stored = vectors.astype(np.float32)
@@ -50,6 +51,12 @@ def write_embedding_output(
         stored = quantize_embeddings(vectors, precision="int8", ranges=ranges)
         value_type = pa.int8()
         np.save(out / "calibration.npy", ranges)
+    width = dim
+    if dtype == "ubinary":
+        from sentence_transformers.util.quantization import quantize_embeddings
+
+        stored = quantize_embeddings(vectors, precision="ubinary")  # (n, dim/8) bits
+        value_type, width = pa.uint8(), dim // 8
     (out / "shards").mkdir(parents=True, exist_ok=True)
     entries = []
     for rows in np.array_split(np.arange(n), shards):
@@ -57,7 +64,7 @@ def write_embedding_output(
         flat = pa.array(stored[rows].reshape(-1), type=value_type)
         columns = {
             "id": pa.array(ids[rows], pa.int64()),
-            "embedding": pa.FixedSizeListArray.from_arrays(flat, dim),
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, width),
         }
         if texts is not None:
             columns["text"] = pa.array([texts[i] for i in rows], pa.string())

@@ -171,6 +171,16 @@ def test_shards_without_text_are_refused_before_ray(tmp_path):
         check_inputs(config)
 
 
+def test_binary_embeddings_are_refused_before_ray(tmp_path):
+    """Binary outputs are indexed and searched (rescored), but the margin filter is a cosine of
+    float vectors: mining refuses them, saying why."""
+    rng = np.random.default_rng(5)
+    texts = [f"row {i}" for i in range(16)]
+    write_embedding_output(tmp_path, unit(rng.normal(size=(16, 16))), texts, dtype="ubinary")
+    with pytest.raises(ShardLayoutError, match="dtype ubinary: mining compares float vectors"):
+        check_inputs(MiningConfig(embeddings=str(tmp_path), exact=True))
+
+
 def test_an_output_holding_earlier_negatives_is_refused(indexed_small, tmp_path):
     out, *_ = indexed_small
     earlier = tmp_path / "earlier"
