@@ -49,6 +49,11 @@ class Flag:
         return {self.key: self.const if self.const is not None else given}
 
 
+def comma_list(text: str) -> list[str]:
+    """A flag's "a, b,c" as ["a", "b", "c"] (a Flag's `type`): blanks and empty items dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def _nothing(config: Any) -> None:
     return None
 

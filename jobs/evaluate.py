@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from distributed_emb.checks import ConfigError
-from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.cli import Flag, Job, comma_list, run_job
 from distributed_emb.evaluation import beir
 from distributed_emb.evaluation import senteval_data as sd
 from distributed_emb.evaluation.comparison import compare_results, format_comparison
@@ -143,9 +143,8 @@ JOB = Job(
         Flag(
             "--retrieval-splits",
             "comma list of its qrels splits (default: all)",
-            to_values=lambda text: {
-                "eval.retrieval_splits": [s.strip() for s in text.split(",") if s.strip()]
-            },
+            key="eval.retrieval_splits",
+            type=comma_list,
         ),
         Flag(
             "--baseline",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from distributed_emb.cli import Flag, Job, run_job
+from distributed_emb.cli import Flag, Job, comma_list, run_job
 from distributed_emb.model.onnx_config import OnnxJobConfig
 
 
@@ -78,9 +78,8 @@ JOB = Job(
         Flag(
             "--variants",
             "comma list of fp32, int8 (sets onnx.variants)",
-            to_values=lambda text: {
-                "onnx.variants": [v.strip() for v in text.split(",") if v.strip()]
-            },
+            key="onnx.variants",
+            type=comma_list,
         ),
         Flag(
             "--senteval-data",
