@@ -361,10 +361,15 @@ class TrainingConfig:
                 "eval.senteval_dir",
                 f"{e.senteval_dir} is not a directory",
             )
-        validate_selection(e)
+        validate_selection(e, self.builds_documents())
         _require(bool(o.dir.strip()), "output.dir", "is empty")
         validate_ray_config(self.ray)
         validate_export_config(self.export)
+
+    def builds_documents(self) -> bool:
+        """Does the run write its own eval.documents_dir from held-out documents (InfoCSE's
+        rounds do)? Then eval.select_by=documents:dev is checked against that set."""
+        return False
 
     @property
     def model_path(self) -> str:
@@ -401,6 +406,7 @@ class TrainingConfig:
             (self.model, "compression_head"),
             (self.loss, "distill_teacher"),
             (self.eval, "retrieval_dir"),
+            (self.eval, "documents_dir"),
         ):
             value = getattr(holder, key)
             if value is not None and Path(value).expanduser().is_dir():

@@ -35,11 +35,15 @@ SHIPPED_PREFIX = "shipped:"
 
 
 def resolve_retrieval_dir(directory: str) -> str:
-    """`shipped:news` → the shipped news set's directory; any other value as given."""
+    """`shipped:news` → the shipped news set's directory (`shipped:news-documents`: the
+    document-level example); any other value as given."""
     if not directory.startswith(SHIPPED_PREFIX):
         return directory
     name = directory[len(SHIPPED_PREFIX) :]
-    shipped = {"news": shipped_news_retrieval_dir}
+    shipped = {
+        "news": shipped_news_retrieval_dir,
+        "news-documents": shipped_news_documents_dir,
+    }
     if name not in shipped:
         raise FileNotFoundError(
             f"{directory}: no shipped retrieval set {name!r}; shipped: "
@@ -52,3 +56,9 @@ def shipped_news_retrieval_dir() -> str:
     """The shipped news retrieval set in the BEIR layout (corpus.jsonl, queries.jsonl,
     qrels/dev.tsv, qrels/test.tsv), built by `evaluation/news_retrieval.py`."""
     return str(RESOURCES / "retrieval" / "news")
+
+
+def shipped_news_documents_dir() -> str:
+    """The shipped document-level example in the BEIR layout: topic retrieval on the held-out
+    Lee news documents, built by `evaluation/document_topics.py`."""
+    return str(RESOURCES / "retrieval" / "news_documents")

@@ -2,7 +2,9 @@
 SELECT_METRIC, and the one rule that picks the best evaluation from a history.
 
 STS-B dev Spearman by default; `retrieval:<split>` makes it nDCG@10 on that split of the
-user's own BEIR directory (`eval.retrieval_dir`). Every place that chooses (the kept and
+user's own BEIR directory (`eval.retrieval_dir`), `documents:<split>` nDCG@10 on that split of
+the document-level yardstick (`eval.documents_dir`: topic retrieval on held-out documents,
+evaluation/document_topics.py). Every place that chooses (the kept and
 exported checkpoint, metrics.json's best, the model card, Tune's metric and its best trial,
 InfoCSE's overlapped mining) reads SELECT_METRIC, so none of them needs to know which score
 it is. No torch or Ray here: the model card and config validation import it on the driver.
@@ -17,6 +19,7 @@ SELECT_METRIC = "select_score"  # the score eval.select_by names, at every evalu
 SELECT_BY = "select_by"  # the eval.select_by it was, beside it in every evaluation's metrics
 STSB_DEV = "stsb_dev"
 RETRIEVAL = "retrieval:"
+DOCUMENTS = "documents:"
 TEST_SPLIT = "test"
 TRAIN_SPLIT = "train"
 
@@ -27,58 +30,89 @@ def retrieval_metric(split: str) -> str:
     return f"retrieval_{split}_ndcg_at_10"
 
 
+def documents_metric(split: str) -> str:
+    """The evaluation key of nDCG@10 × 100 on `split` of eval.documents_dir."""
+    return f"documents_{split}_ndcg_at_10"
+
+
 def retrieval_split(select_by: str) -> str | None:
-    """`retrieval:dev` → `dev`; None when selection is on STS-B dev."""
+    """`retrieval:dev` → `dev`; None when selection is on STS-B dev or documents."""
     return select_by[len(RETRIEVAL) :] if select_by.startswith(RETRIEVAL) else None
+
+
+def documents_split(select_by: str) -> str | None:
+    """`documents:dev` → `dev`; None when selection is on anything else."""
+    return select_by[len(DOCUMENTS) :] if select_by.startswith(DOCUMENTS) else None
 
 
 def selected_metric(select_by: str) -> str:
     """The evaluation key SELECT_METRIC copies: DEV_METRIC, or the split's nDCG@10."""
     split = retrieval_split(select_by)
-    return DEV_METRIC if split is None else retrieval_metric(split)
+    if split is not None:
+        return retrieval_metric(split)
+    split = documents_split(select_by)
+    return DEV_METRIC if split is None else documents_metric(split)
 
 
 def describe(select_by: str) -> str:
-    """In words, for log lines and reports: "STS-B dev Spearman", "nDCG@10 on retrieval dev"."""
+    """In words, for log lines and reports: "STS-B dev Spearman", "nDCG@10 on retrieval dev",
+    "nDCG@10 on held-out documents dev"."""
     split = retrieval_split(select_by)
-    return "STS-B dev Spearman" if split is None else f"nDCG@10 on retrieval {split}"
+    if split is not None:
+        return f"nDCG@10 on retrieval {split}"
+    split = documents_split(select_by)
+    return "STS-B dev Spearman" if split is None else f"nDCG@10 on held-out documents {split}"
 
 
 def check_select_by(
-    select_by: str, retrieval_dir: str | None, splits: list[str] | None, key: str = "eval"
+    select_by: str,
+    retrieval_dir: str | None,
+    splits: list[str] | None,
+    key: str = "eval",
+    documents_dir: str | None = None,
+    documents_splits: list[str] | None = None,
 ) -> None:
-    """`eval.select_by` against `eval.retrieval_dir` and the `splits` its qrels/ holds (None:
-    not listed, e.g. on object storage). Test splits are never chosen on."""
+    """`eval.select_by` against the directory it names (`eval.retrieval_dir` or
+    `eval.documents_dir`) and the splits its qrels/ holds (None: not listed, e.g. on object
+    storage, or built by the run itself). Test splits are never chosen on."""
     if select_by == STSB_DEV:
         return
-    split = retrieval_split(select_by)
+    split, prefix, directory, present, dir_key = (
+        (retrieval_split(select_by), RETRIEVAL, retrieval_dir, splits, "retrieval_dir")
+        if select_by.startswith(RETRIEVAL)
+        else (documents_split(select_by), DOCUMENTS, documents_dir, documents_splits,
+              "documents_dir")
+    )  # fmt: skip
     if not split:
         raise ConfigError(
-            f"{key}.select_by: {select_by!r} is neither {STSB_DEV!r} nor {RETRIEVAL}<split> "
-            f"(e.g. {RETRIEVAL}dev: nDCG@10 on qrels/dev.tsv of {key}.retrieval_dir)"
+            f"{key}.select_by: {select_by!r} is not {STSB_DEV!r}, {RETRIEVAL}<split> "
+            f"(e.g. {RETRIEVAL}dev: nDCG@10 on qrels/dev.tsv of {key}.retrieval_dir) or "
+            f"{DOCUMENTS}<split> (e.g. {DOCUMENTS}dev: nDCG@10 on the held-out documents' dev "
+            f"split, {key}.documents_dir)"
         )
     if split == TEST_SPLIT:
         raise ConfigError(
             f"{key}.select_by: {select_by}: test splits are reported, never used to choose; "
-            f"choose on a dev split ({RETRIEVAL}dev)"
+            f"choose on a dev split ({prefix}dev)"
         )
-    if retrieval_dir is None:
+    if directory is None:
         raise ConfigError(
-            f"{key}.select_by: {select_by} needs {key}.retrieval_dir (a BEIR directory: "
+            f"{key}.select_by: {select_by} needs {key}.{dir_key} (a BEIR directory: "
             "corpus.jsonl, queries.jsonl, qrels/<split>.tsv)"
         )
-    if splits is not None and split not in splits:
+    if present is not None and split not in present:
         raise ConfigError(
-            f"{key}.select_by: {retrieval_dir}/qrels has no {split}.tsv; its splits: "
-            f"{', '.join(splits) or 'none'}"
+            f"{key}.select_by: {directory}/qrels has no {split}.tsv; its splits: "
+            f"{', '.join(present) or 'none'}"
         )
 
 
-def scored_splits(splits: list[str], select_by: str) -> list[str]:
-    """The splits every in-training evaluation scores: the one eval.select_by names and every
-    other but test (reported on the exported model, never watched while choosing) and train
-    (training labels, often the largest split: MS MARCO's has 500k queries)."""
-    chosen = retrieval_split(select_by)
+def scored_splits(splits: list[str], select_by: str, documents: bool = False) -> list[str]:
+    """The splits every in-training evaluation scores (of eval.retrieval_dir, or with
+    `documents` of eval.documents_dir): the one eval.select_by names and every other but test
+    (reported on the exported model, never watched while choosing) and train (training
+    labels, often the largest split: MS MARCO's has 500k queries)."""
+    chosen = documents_split(select_by) if documents else retrieval_split(select_by)
     return [s for s in splits if s == chosen or s not in (TEST_SPLIT, TRAIN_SPLIT)]
 
 

@@ -47,11 +47,12 @@ from distributed_emb.data.beir_layout import (  # noqa: F401
 
 Encoder = Callable[[list[str]], np.ndarray]
 
-METRICS = ("ndcg@10", "map@100", "recall@10", "recall@100", "mrr@10")
+METRICS = ("ndcg@10", "map@100", "recall@1", "recall@10", "recall@100", "mrr@10")
 # Our name → (pytrec_eval measure to ask for, the key it answers under).
 _TREC_MEASURES = {
     "ndcg@10": ("ndcg_cut.10", "ndcg_cut_10"),
     "map@100": ("map_cut.100", "map_cut_100"),
+    "recall@1": ("recall.1", "recall_1"),
     "recall@10": ("recall.10", "recall_10"),
     "recall@100": ("recall.100", "recall_100"),
 }

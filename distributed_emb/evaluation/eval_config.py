@@ -50,27 +50,65 @@ class EvalConfig:
             "as retrieval_<split>_ndcg_at_10; every worker reads it"
         ),
     ] = None
+    # The document-level yardstick (evaluation/document_topics.py): "is this passage about
+    # the same thing?", which can move against STS's "does it say the same thing?". Reported
+    # beside STS-B at every evaluation and for the export against the given model.
+    documents_dir: Annotated[
+        str | None,
+        Field(
+            description="topic retrieval on held-out documents, in the BEIR layout "
+            "(evaluation/document_topics.py): every evaluation scores its dev split "
+            "(documents_dev_ndcg_at_10) and the export is compared with the given model on "
+            "its test split; the shipped example by default (held-out Lee news documents); "
+            "a run that trains on documents (InfoCSE, documents.paths) builds its own from "
+            "its held-out documents; null: none"
+        ),
+    ] = "shipped:news-documents"
+    # Passages are several sentences: cut at the training length (often 32 tokens) they
+    # would be scored on their first sentence.
+    documents_max_seq_length: Annotated[
+        int,
+        Field(
+            ge=8,
+            description="tokens a passage of eval.documents_dir is embedded with (at most the "
+            "model's position limit)",
+        ),
+    ] = 256
     select_by: Annotated[
         str,
         Field(
             description="what chooses the exported checkpoint (and Tune's best trial): "
-            "stsb_dev (STS-B dev Spearman), or retrieval:<split> (nDCG@10 on that split of "
-            "eval.retrieval_dir, e.g. retrieval:dev; never test); STS-B dev is reported "
-            "either way"
+            "stsb_dev (STS-B dev Spearman), retrieval:<split> (nDCG@10 on that split of "
+            "eval.retrieval_dir, e.g. retrieval:dev) or documents:<split> (nDCG@10 on that "
+            "split of eval.documents_dir, e.g. documents:dev); never test; STS-B dev and the "
+            "documents' dev split are reported either way"
         ),
     ] = "stsb_dev"
 
 
-def validate_selection(e: EvalConfig) -> None:
-    """eval.select_by names STS-B dev or a split that eval.retrieval_dir holds (not test)."""
+def validate_selection(e: EvalConfig, builds_documents: bool = False) -> None:
+    """eval.select_by names STS-B dev or a split that eval.retrieval_dir or
+    eval.documents_dir holds (not test). `builds_documents`: the run writes its own
+    eval.documents_dir from its held-out documents (its splits are dev and test)."""
     from distributed_emb.selection import check_select_by
 
-    splits = None
-    if e.retrieval_dir is not None:
+    def splits_of(key: str, directory: str | None) -> list[str] | None:
+        if directory is None or "://" in directory:
+            return None
         from distributed_emb.data.beir_layout import BeirDataError, list_splits
 
         try:
-            splits = list_splits(e.retrieval_dir)
+            return list_splits(directory)
         except BeirDataError as error:
-            raise ConfigError(f"eval.retrieval_dir: {error}") from None
-    check_select_by(e.select_by, e.retrieval_dir, splits)
+            raise ConfigError(f"eval.{key}: {error}") from None
+
+    documents_dir, documents_splits = e.documents_dir, splits_of("documents_dir", e.documents_dir)
+    if builds_documents:
+        documents_dir, documents_splits = "the run's held-out documents", ["dev", "test"]
+    check_select_by(
+        e.select_by,
+        e.retrieval_dir,
+        splits_of("retrieval_dir", e.retrieval_dir),
+        documents_dir=documents_dir,
+        documents_splits=documents_splits,
+    )

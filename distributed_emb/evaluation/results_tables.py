@@ -39,6 +39,7 @@ def _row_table(group: str, tasks: tuple[str, ...], results: dict) -> list[str]:
 BEIR_COLUMNS = {
     "ndcg@10": "nDCG@10",
     "map@100": "MAP@100",
+    "recall@1": "R@1",
     "recall@10": "R@10",
     "recall@100": "R@100",
     "mrr@10": "MRR@10",
@@ -46,7 +47,7 @@ BEIR_COLUMNS = {
 
 
 def _beir_table(splits: dict) -> list[str]:
-    """One row per split of a BEIR directory: its five metrics and its sizes."""
+    """One row per split of a BEIR directory: its metrics and its sizes."""
     names = ["split", *BEIR_COLUMNS.values(), "queries", "corpus"]
     rows = [
         [split]

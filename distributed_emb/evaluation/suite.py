@@ -159,7 +159,7 @@ class TaskSelection:
         str | None,
         Field(
             description="a directory in the BEIR layout (corpus.jsonl, queries.jsonl, "
-            "qrels/<split>.tsv) to score retrieval on: nDCG@10, MAP@100, R@10, R@100, MRR@10; "
+            "qrels/<split>.tsv) to score retrieval on: nDCG@10, MAP@100, R@1, R@10, R@100, MRR@10; "
             "null: none"
         ),
     ] = None

@@ -43,15 +43,21 @@ from distributed_emb import storage
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
 from distributed_emb.config import TrainingConfig
 from distributed_emb.data.documents import read_documents
-from distributed_emb.evaluation.beir import evaluate_split
+from distributed_emb.evaluation.beir import evaluate_split, evaluate_splits
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
     evaluate_same_document,
     held_out_split,
 )
+from distributed_emb.evaluation.document_topics import build_topic_set, write_topic_set
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.evaluation.sts import read_stsb, sts_spearman, stsb_score
+from distributed_emb.evaluation.yardsticks import (
+    compare_with_given,
+    topic_loss_line,
+    yardstick_lines,
+)
 from distributed_emb.infocse.annotate import (
     AnnotationCounts,
     AnnotationResult,
@@ -78,12 +84,13 @@ from distributed_emb.plots import Panel, write_panels
 from distributed_emb.selection import (
     STSB_DEV,
     describe,
+    documents_split,
     given_model_round_line,
     is_given_model,
     retrieval_split,
 )
 from distributed_emb.tracking import MetricsSinks
-from distributed_emb.train.driver import export_checkpoint, run_training
+from distributed_emb.train.driver import export_checkpoint, run_training, yardstick_encoders
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +126,11 @@ class RoundRecord:
     heldout_recall_at_5: float | None = None
     heldout_recall_at_10: float | None = None
     stsb_test: float | None = None  # rounds.stsb_test: reported, never used to choose
+    # The document-level yardstick (evaluation/document_topics.py): topic retrieval among the
+    # held-out documents' passages, nDCG@10 × 100 of the dev split (eval.select_by=
+    # documents:dev chooses on it) and the test split (reported only).
+    documents_dev_ndcg_at_10: float | None = None
+    documents_test_ndcg_at_10: float | None = None
     # nDCG@10 × 100 on the split of eval.retrieval_dir that eval.select_by names (the user's
     # own dev set; rounds.select_by=eval chooses on it); None when eval.select_by is stsb_dev.
     eval_retrieval_ndcg_at_10: float | None = None
@@ -136,23 +148,27 @@ class RoundRecord:
 
 @dataclass
 class HeldOut:
-    """Same-document retrieval tasks on the two halves of the held-out documents."""
+    """Same-document retrieval tasks on the two halves of the held-out documents, and the
+    document-level yardstick built from them (a BEIR directory, local or on storage)."""
 
     dev: SameDocumentTask | None
     test: SameDocumentTask | None
+    documents_dir: str | None = None
 
 
-def round_embedder(model_dir: str, config: InfoCSEConfig) -> Embedder:
+def round_embedder(
+    model_dir: str, config: InfoCSEConfig, max_seq_length: int | None = None
+) -> Embedder:
     """A round's model (or the start, or a compared arm) as the rounds score it: in this
     process, with the training's pooler (unless the directory carries its own), evaluation
-    batch and training length."""
+    batch and training length (or `max_seq_length`: passages of documents)."""
     training = config.training
     local = storage.local_model_dir(model_dir)
     return Embedder(
         local,
         pooler=None if is_sentence_transformer_dir(local) else training.model.pooler,
         batch_size=training.eval.batch_size,
-        max_seq_length=training.model.max_seq_length,
+        max_seq_length=max_seq_length or training.model.max_seq_length,
         device="cpu",
     )
 
@@ -183,10 +199,19 @@ def evaluate_dev(model_dir: str, config: InfoCSEConfig, heldout: HeldOut | None 
         scores["heldout_mrr"] = held["mrr"]
         for k in (1, 5, 10):
             scores[f"heldout_recall_at_{k}"] = held[f"recall@{k}"]
-    split = retrieval_split(training.eval.select_by)
-    if split is not None:
+    split = retrieval_split(training.eval.select_by) or "dev"
+    if training.eval.retrieval_dir is not None:  # the user's set, or the shipped news set
         own = evaluate_split(embedder.embed, training.eval.retrieval_dir, split)
         scores["eval_retrieval_ndcg_at_10"] = own["metrics"]["ndcg@10"]
+    if heldout is not None and heldout.documents_dir is not None:
+        # Passages are embedded whole (eval.documents_max_seq_length), not at the training
+        # length.
+        passages = round_embedder(model_dir, config, training.eval.documents_max_seq_length)
+        topic = evaluate_splits(
+            passages.embed, storage.local_model_dir(heldout.documents_dir), ["dev", "test"]
+        )
+        for name, result in topic.items():
+            scores[f"documents_{name}_ndcg_at_10"] = result["metrics"]["ndcg@10"]
     if config.rounds.stsb_test:
         scores["stsb_test"] = stsb_score(embedder.embed, "test", training.eval.senteval_dir)
     return scores
@@ -251,6 +276,12 @@ def _training_config(
     return training
 
 
+def _documents_dir(heldout: HeldOut | None) -> str | None:
+    """The rounds' document-level yardstick: their own held-out documents' (never the shipped
+    example, which may hold documents the rounds train on); None without held-out documents."""
+    return heldout.documents_dir if heldout is not None else None
+
+
 def _base_run_name(config: InfoCSEConfig) -> str:
     return config.training.output.run_name or Path(config.output.dir).name
 
@@ -308,7 +339,7 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
     state = round_state(config)
     earlier = state.finished(config, overwrite=config.training.output.resume == "overwrite")
     corpus = read_documents(config.documents)
-    documents, heldout = _split_held_out(corpus.dataset, config)
+    documents, heldout = _split_held_out(corpus.dataset, config, output, state)
     if config.rounds.select_by.startswith("heldout_dev") and (
         heldout is None or heldout.dev is None
     ):
@@ -393,7 +424,8 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
         train_dir = _stage_dir(state, output, index, "train", continued)
         training = _training_config(
             config, current_model, annotation.pairs_path, str(train_dir),
-            f"round_{index}-train", resume="auto" if continued else "overwrite",
+            f"round_{index}-train", {"eval.documents_dir": _documents_dir(heldout)},
+            resume="auto" if continued else "overwrite",
         )  # fmt: skip
         follower = None
         if _overlaps(config, index, teacher):
@@ -453,8 +485,26 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
 
     exported = exported_line(records, config)
     _export_best(best, output, config, state, exported)
-    _save(records, best, output, state, config, exported)
+    yardsticks = _compare_export(config, output / "model", heldout)
+    _save(records, best, output, state, config, exported, yardsticks)
     return records
+
+
+def _compare_export(config: InfoCSEConfig, exported_dir: Path, heldout: HeldOut | None) -> dict:
+    """Both yardsticks of the export against the given model (model.path), on test splits
+    with paired intervals (evaluation/yardsticks.py): logged one line each, with the warning
+    line when topic fell, and put on the export's card."""
+    training = copy.deepcopy(config.training)
+    training.eval.documents_dir = _documents_dir(heldout)
+    compared = compare_with_given(
+        training.model_path, str(exported_dir), training.eval, yardstick_encoders(training)
+    )
+    lines = [*yardstick_lines(compared), *filter(None, [topic_loss_line(compared)])]
+    for line in lines:
+        log.warning("%s", line)
+    if lines:
+        add_card_lines(exported_dir, lines)
+    return compared
 
 
 def _record(row: dict) -> RoundRecord:
@@ -467,6 +517,8 @@ def _selection_field(config: InfoCSEConfig) -> str:
     "eval" is eval.select_by's (STS-B dev, or the eval.retrieval_dir split's nDCG@10)."""
     if config.rounds.select_by != "eval":
         return config.rounds.select_by
+    if documents_split(config.training.eval.select_by) is not None:
+        return "documents_dev_ndcg_at_10"
     if retrieval_split(config.training.eval.select_by) is None:
         return STSB_DEV
     return "eval_retrieval_ndcg_at_10"
@@ -622,7 +674,7 @@ def _supervised_round(
     model_dir: str,
     state: RoundState,
     output: Path,
-    heldout: SameDocumentTask | None,
+    heldout: HeldOut | None,
 ):
     round_dir = state.round_dir(index)
     pairs_file = storage.join(round_dir, "supervised_pairs.parquet")
@@ -636,7 +688,11 @@ def _supervised_round(
             pairs_file,
             str(train_dir),
             f"round_{index}-supervised",
-            {"train.max_steps": s.max_steps, "train.learning_rate": s.learning_rate},
+            {
+                "train.max_steps": s.max_steps,
+                "train.learning_rate": s.learning_rate,
+                "eval.documents_dir": _documents_dir(heldout),
+            },
         )
     )
     scores = evaluate_dev(result.model_dir, config, heldout)
@@ -671,6 +727,8 @@ _SCORE_FIELDS = (
     "heldout_recall_at_10",
     "stsb_test",
     "eval_retrieval_ndcg_at_10",
+    "documents_dev_ndcg_at_10",
+    "documents_test_ndcg_at_10",
 )
 
 
@@ -714,7 +772,7 @@ def _teacher(config: InfoCSEConfig) -> str | None:
     return model
 
 
-def _split_held_out(dataset, config: InfoCSEConfig):
+def _split_held_out(dataset, config: InfoCSEConfig, output: Path, state: RoundState):
     """(the documents to annotate and train on, HeldOut or None).
 
     The split is by document (a hash of doc_id, evaluation/document_retrieval.py), decided
@@ -734,22 +792,57 @@ def _split_held_out(dataset, config: InfoCSEConfig):
         return dataset.map_batches(part, batch_format="pyarrow", fn_kwargs={"split": split})
 
     training = rows(None).materialize()
-    tasks = {}
+    tasks, held_rows = {}, []
     for split in ("dev", "test"):
+        split_rows = rows(split).take_all()
+        held_rows += split_rows
         try:
             tasks[split] = SameDocumentTask.from_documents(
-                rows(split).take_all(), h.max_sentences_per_document, f"heldout-{split}"
+                split_rows, h.max_sentences_per_document, f"heldout-{split}"
             )
         except ValueError:
             log.warning("heldout: no %s document has 2 sentences; no %s retrieval", split, split)
             tasks[split] = None
-    if tasks["dev"] is None and tasks["test"] is None:
+    documents_dir = _write_document_yardstick(held_rows, config, output, state)
+    if tasks["dev"] is None and tasks["test"] is None and documents_dir is None:
         return training, None
     log.warning(
         "heldout: documents held out of training, scored by same-document retrieval: dev %s, "
         "test %s", *(_task_size(tasks[split]) for split in ("dev", "test")),
     )  # fmt: skip
-    return training, HeldOut(tasks["dev"], tasks["test"])
+    return training, HeldOut(tasks["dev"], tasks["test"], documents_dir)
+
+
+DOCUMENTS_EVAL_DIR = "documents_eval"
+
+
+def _write_document_yardstick(
+    held_rows: list[dict], config: InfoCSEConfig, output: Path, state: RoundState
+) -> str | None:
+    """The document-level yardstick (evaluation/document_topics.py) built from the held-out
+    documents into `output`/documents_eval (and the state's, on a storage path, where Train
+    workers on any node read it); None, logged, when no held-out document has 2 passages."""
+    h = config.heldout
+    built = build_topic_set(held_rows, h.fraction, h.seed)
+    if not any(built.qrels.values()):
+        log.warning("heldout: no held-out document has 2 passages: no document-level yardstick")
+        return None
+    provenance = {
+        "documents": ", ".join(config.documents.paths),
+        "held out": f"heldout.fraction {h.fraction}, heldout.seed {h.seed} (never annotated "
+        "or trained on by this run)",
+        "passages": "3 sentences each, at most 8 per document",
+    }
+    local = write_topic_set(built, output / DOCUMENTS_EVAL_DIR, provenance)
+    log.warning(
+        "heldout: document-level yardstick (topic retrieval) in %s: dev %d queries, test %d",
+        local, built.query_count("dev"), built.query_count("test"),
+    )  # fmt: skip
+    if not state.remote:
+        return local
+    location = state.location(DOCUMENTS_EVAL_DIR)
+    storage.delete_tree(location)
+    return storage.copy_to_storage(local, location)
 
 
 def _task_size(task: SameDocumentTask | None) -> str:
@@ -860,7 +953,7 @@ def _summary(config: InfoCSEConfig, exported: str | None = None) -> dict:
 HEADER = (
     f"{'round':>5} {'stage':>10} {'annot by':>8} {'pairs':>7} {'overlap':>8} {'STS-B dev':>9} "
     f"{'MRR':>6} {'R@1':>6} {'dev MRR':>8} {'held MRR':>8} {'held R@1':>8} {'held R@10':>9} "
-    f"{'STS-B test':>10} {'nDCG@10':>8} "
+    f"{'STS-B test':>10} {'nDCG@10':>8} {'doc dev':>8} {'doc test':>8} "
     f"{'steps':>5} {'kept':>5} {'last dev':>8} {'annot s':>7} {'train s':>7} {'mined at':>8}"
 )
 
@@ -877,7 +970,9 @@ def format_row(r: RoundRecord) -> str:
         f"{r.stsb_dev:>9.2f} {r.retrieval_mrr:>6.3f} {r.retrieval_recall_at_1:>6.3f} "
         f"{_cell(r.heldout_dev_mrr, 8)} {_cell(r.heldout_mrr, 8)} "
         f"{_cell(r.heldout_recall_at_1, 8)} {_cell(r.heldout_recall_at_10, 9)} "
-        f"{_cell(r.stsb_test, 10)} {_cell(r.eval_retrieval_ndcg_at_10, 8)} {r.train_steps:>5} "
+        f"{_cell(r.stsb_test, 10)} {_cell(r.eval_retrieval_ndcg_at_10, 8)} "
+        f"{_cell(r.documents_dev_ndcg_at_10, 8)} {_cell(r.documents_test_ndcg_at_10, 8)} "
+        f"{r.train_steps:>5} "
         f"{r.kept_step:>5} {last_dev:>8} {r.annotate_s:>7.0f} {r.train_s:>7.0f} "
         f"{'-' if r.mined_at_step is None else r.mined_at_step:>8}"
     )
@@ -939,12 +1034,16 @@ def _save(
     state: RoundState,
     config: InfoCSEConfig,
     exported: str | None = None,
+    yardsticks: dict | None = None,
 ) -> None:
     """rounds.json/.md in the rounds' state (what a restart reads); with a storage path, a
     copy of both in the output directory beside the logs; the plot there. `exported`: what
-    the finished rounds exported (exported_line)."""
+    the finished rounds exported (exported_line); `yardsticks`: the export against the given
+    model (_compare_export)."""
     table = format_table(records)
     summary = _summary(config, exported)
+    if yardsticks:
+        summary["yardsticks"] = yardsticks
     state.save(config, records, best, table, summary)
     if state.remote:
         payload = {"rounds": [asdict(r) for r in records], "best": asdict(best), **summary}

@@ -160,6 +160,11 @@ class InfoCSEConfig(TrainingConfig):
     student: StudentConfig = field(default_factory=StudentConfig)
     heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
 
+    def builds_documents(self) -> bool:
+        """The rounds build their document-level yardstick from their held-out documents
+        (infocse/rounds.py): never the shipped example, which may hold documents they train on."""
+        return self.heldout.fraction > 0
+
     @property
     def training(self) -> TrainingConfig:
         """The settings each round's training starts from (shared: copy before changing)."""
@@ -184,4 +189,11 @@ class InfoCSEConfig(TrainingConfig):
             "rounds.select_by",
             "heldout_dev_mrr needs held-out documents: set heldout.fraction > 0, or choose "
             "rounds by stsb_dev",
+        )
+        _require(
+            not (r.select_by == "eval" and self.eval.select_by.startswith("documents:"))
+            or h.fraction > 0,
+            "eval.select_by",
+            f"{self.eval.select_by} needs held-out documents: set heldout.fraction > 0, or "
+            "choose by stsb_dev",
         )

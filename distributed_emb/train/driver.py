@@ -30,11 +30,19 @@ from distributed_emb.data.global_batches import batch_plan
 from distributed_emb.data.training_stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
+from distributed_emb.evaluation.yardsticks import (
+    compare_with_given,
+    topic_loss_line,
+    yardstick_lines,
+)
 from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
 from distributed_emb.model.embedder import Embedder
 from distributed_emb.model.export import export_sentence_transformer
 from distributed_emb.model.model_card import export_max_seq_length, position_limit
-from distributed_emb.model.sentence_transformer import ends_with_normalize
+from distributed_emb.model.sentence_transformer import (
+    ends_with_normalize,
+    is_sentence_transformer_dir,
+)
 from distributed_emb.paths import default_model_path
 from distributed_emb.plots import write_run_plots
 from distributed_emb.resource_plan import check_training_plan, cluster_from_ray, training_plan
@@ -100,10 +108,12 @@ def check_retrieval_data(config: TrainingConfig) -> None:
     """The eval.retrieval_dir splits every evaluation will score, read and checked here: a
     malformed line (BeirDataError, naming file:line) fails before Ray starts, not in every
     Train worker minutes in. Object storage is read where it is used."""
-    directory = config.eval.retrieval_dir
-    if directory is None or "://" in directory:
-        return
-    read_splits(directory, scored_splits(list_splits(directory), config.eval.select_by))
+    for directory, documents in ((config.eval.retrieval_dir, False),
+                                 (config.eval.documents_dir, True)):  # fmt: skip
+        if directory is None or "://" in directory:
+            continue
+        splits = scored_splits(list_splits(directory), config.eval.select_by, documents)
+        read_splits(directory, splits)
 
 
 def check_model_lengths(config: TrainingConfig) -> None:
@@ -189,6 +199,8 @@ def summarise_run(metrics: dict) -> str:
     exported = "best" if select_by == STSB_DEV else "exported"
     # The start won: the one line that says the model handed back is the one given.
     given = [metrics["exported"]] if is_given_model(metrics.get("exported")) else []
+    if metrics.get("topic_warning"):
+        given.append(metrics["topic_warning"])
     return "\n".join(
         [
             f"model:            {metrics.get('model_dir')}",
@@ -197,6 +209,7 @@ def summarise_run(metrics: dict) -> str:
             f"{fmt(metrics.get('stsb_dev_after'))} ({exported} "
             f"{fmt(metrics.get('stsb_dev_best'))} at step {metrics.get('best_step')})",
             f"STS-B test:       {fmt(metrics.get('stsb_test'))} (exported model)",
+            *yardstick_lines(metrics.get("yardsticks") or {}),
             f"steps:            {metrics.get('steps')} × global batch "
             f"{metrics.get('global_batch')}",
             f"sentences/s:      {fmt(metrics.get('sentences_per_s'), '.1f')}",
@@ -393,6 +406,11 @@ def run_training(
     }
     if model_dir is not None and config.eval.test_after_training:
         metrics["stsb_test"] = stsb_test(config, model_dir)
+        if config.model.compression_head is None:  # a head's export is not the given model's
+            metrics["yardsticks"] = compare_with_given(
+                config.model_path, model_dir, config.eval, yardstick_encoders(config)
+            )
+            metrics["topic_warning"] = topic_loss_line(metrics["yardsticks"])
     if model_dir is not None and config.export.backends:
         metrics["backends"] = export_backends(model_dir, config)
     if model_dir is not None:
@@ -468,6 +486,24 @@ def export_backends(model_dir: str, config: TrainingConfig) -> dict:
     info["backends"] = checked
     write_export_info(model_dir, info)
     return {"modules": info["modules"], **checked}
+
+
+def yardstick_encoders(config: TrainingConfig):
+    """Models as the yardsticks encode them: in this process, the training pooler for a plain
+    Hugging Face directory (the given model), an export's own modules otherwise."""
+
+    def encoder_for(model_dir: str, max_seq_length: int | None):
+        pooler = None if is_sentence_transformer_dir(model_dir) else config.model.pooler
+        embedder = Embedder(
+            model_dir,
+            pooler=pooler,
+            batch_size=config.eval.batch_size,
+            max_seq_length=max_seq_length,
+            device="cpu",
+        )
+        return embedder.embed
+
+    return encoder_for
 
 
 def stsb_test(config: TrainingConfig, model_dir: str) -> float | None:

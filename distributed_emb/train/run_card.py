@@ -10,6 +10,7 @@ from pathlib import Path
 
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.evaluation.yardsticks import yardstick_lines
 from distributed_emb.model.model_card import (
     PACKAGED_MODEL_ID,
     ModelCardInfo,
@@ -180,6 +181,9 @@ def finalize_export(
     write_readme(model, model_dir, info)
     if metrics.get("backends"):
         add_card_lines(model_dir, serving_lines(metrics["backends"]))
+    if metrics.get("yardsticks"):  # paraphrase and topic, each against the given model
+        lines = yardstick_lines(metrics["yardsticks"])
+        add_card_lines(model_dir, [*lines, *filter(None, [metrics.get("topic_warning")])])
     if config.export.push_to_hub:
         return push_export(model_dir, config.export.hub_model_id)
     return None

@@ -24,7 +24,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from distributed_emb import distributed
+from distributed_emb import distributed, storage
 from distributed_emb.config import training_config_from_dict
 from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.data_config import DataConfig
@@ -44,6 +44,7 @@ from distributed_emb.model.model_config import ModelConfig
 from distributed_emb.selection import (
     DEV_METRIC,
     SELECT_METRIC,
+    documents_metric,
     retrieval_metric,
     scored_splits,
     selected_metric,
@@ -158,6 +159,7 @@ class WorkerRun:
 
         # eval.retrieval_dir's splits, read once: every evaluation searches them again.
         self.retrieval = retrieval_splits(config.eval)
+        self.documents = retrieval_splits(config.eval, documents=True)
         self.collate = _collator(
             config.model, config.data, config.loss, self.tokenizer, config.train.seed + self.rank
         )
@@ -289,7 +291,12 @@ class WorkerRun:
         # reported (all ranks compute the same; the broadcast makes that exact).
         scores = distributed.broadcast_object(
             _dev_scores(
-                self.encoder, self.tokenizer, self.config.model, self.config.eval, self.retrieval
+                self.encoder,
+                self.tokenizer,
+                self.config.model,
+                self.config.eval,
+                self.retrieval,
+                self.documents,
             )
         )
         selected = selected_metric(self.config.eval.select_by)
@@ -403,13 +410,16 @@ def _step_function(train: TrainLoopConfig, world: int):
     return plain_step
 
 
-def retrieval_splits(e: EvalConfig) -> list[RetrievalSplit]:
-    """The splits of eval.retrieval_dir every evaluation scores (selection.scored_splits;
-    none without a directory)."""
-    directory = e.retrieval_dir
+def retrieval_splits(e: EvalConfig, documents: bool = False) -> list[RetrievalSplit]:
+    """The splits of eval.retrieval_dir (`documents`: of eval.documents_dir) every evaluation
+    scores (selection.scored_splits; none without a directory). A directory on object
+    storage (the held-out documents of an InfoCSE run on a cluster) is copied to this node
+    once."""
+    directory = e.documents_dir if documents else e.retrieval_dir
     if directory is None:
         return []
-    return read_splits(directory, scored_splits(list_splits(directory), e.select_by))
+    directory = storage.local_model_dir(directory)
+    return read_splits(directory, scored_splits(list_splits(directory), e.select_by, documents))
 
 
 def _dev_scores(
@@ -418,30 +428,34 @@ def _dev_scores(
     model: ModelConfig,
     e: EvalConfig,
     retrieval: list[RetrievalSplit],
+    documents: list[RetrievalSplit] = (),
 ) -> dict[str, float]:
-    """STS-B dev Spearman and nDCG@10 of each retrieval split (× 100) of the module being
-    trained, embedded as its export will embed. Called on every rank: each embeds 1/W of the
-    texts (distributed.map_sharded), so evaluation takes 1/W of the time it took when rank 0
-    alone embedded them all; every rank makes the same encode calls, as the gathers need."""
+    """STS-B dev Spearman and nDCG@10 of each retrieval split and document split (× 100) of
+    the module being trained, embedded as its export will embed (passages of documents at
+    eval.documents_max_seq_length, not at the training length). Called on every rank: each
+    embeds 1/W of the texts (distributed.map_sharded), so evaluation takes 1/W of the time it
+    took when rank 0 alone embedded them all; every rank makes the same encode calls, as the
+    gathers need."""
     include_mlp = model.mlp_head == "export"
 
-    def embed(sentences: list[str]) -> np.ndarray:
-        return embed_module(
-            encoder,
-            tokenizer,
-            sentences,
-            model.max_seq_length,
-            e.batch_size,
-            include_mlp,
-        )
+    def encoder_at(max_seq_length: int):
+        def embed(sentences: list[str]) -> np.ndarray:
+            return embed_module(
+                encoder, tokenizer, sentences, max_seq_length, e.batch_size, include_mlp
+            )
 
-    def encode(sentences: list[str]) -> np.ndarray:
-        return distributed.map_sharded(sentences, embed, order_key=len)
+        return lambda sentences: distributed.map_sharded(sentences, embed, order_key=len)
 
+    encode = encoder_at(model.max_seq_length)
     scores = {DEV_METRIC: stsb_score(encode, "dev", e.senteval_dir, e.max_pairs)}
     if retrieval:  # one pass over the corpus for every split (beir.score_splits)
         for split, result in score_splits(encode, retrieval).items():
             scores[retrieval_metric(split)] = result["metrics"]["ndcg@10"]
+    if documents:
+        limit = getattr(encoder.backbone.config, "max_position_embeddings", None) or 512
+        long_encode = encoder_at(min(e.documents_max_seq_length, limit))
+        for split, result in score_splits(long_encode, documents).items():
+            scores[documents_metric(split)] = result["metrics"]["ndcg@10"]
     return scores
 
 

@@ -192,6 +192,7 @@ def reference(qrels, run) -> dict[str, dict[str, float]]:
     measures = {
         "ndcg@10": reference_ndcg_at_10,
         "map@100": reference_ap_at_100,
+        "recall@1": lambda j, h: reference_recall(j, h, 1),
         "recall@10": lambda j, h: reference_recall(j, h, 10),
         "recall@100": lambda j, h: reference_recall(j, h, 100),
         "mrr@10": reference_rr_at_10,

@@ -236,7 +236,7 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
         (["--senteval-data", "/no/such/dir"], "eval.senteval_dir: /no/such/dir is not a direct"),
         # A key from before the one vocabulary still works, and its error names the new key.
         (["optim.lr=0"], "train.learning_rate: must be > 0"),
-        (["eval.select_by=ndcg"], "eval.select_by: 'ndcg' is neither 'stsb_dev' nor"),
+        (["eval.select_by=ndcg"], "eval.select_by: 'ndcg' is not 'stsb_dev', retrieval:<split>"),
         (["eval.select_by=retrieval:test"], "eval.select_by: retrieval:test: test splits are"),
         (["eval.select_by=retrieval:train"], "eval.select_by: shipped:news/qrels has no train"),
         (
