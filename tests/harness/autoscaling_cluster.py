@@ -255,9 +255,14 @@ def start_cluster(
     )
 
 
+# The hub off for every job a test submits: the test machines have no internet, and
+# cluster/runtime_env.yaml leaves the hub to the user (it sets neither switch).
+HUB_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def job_runtime_env(extra_env: dict[str, str]) -> str:
-    """cluster/runtime_env.yaml's switches plus `extra_env`, as JSON for `--runtime-env-json`
-    (the CLI takes a file or JSON, not both), without its working_dir.
+    """cluster/runtime_env.yaml's switches, the hub off (HUB_OFFLINE) and `extra_env`, as JSON
+    for `--runtime-env-json` (the CLI takes a file or JSON, not both), without its working_dir.
 
     Why no working_dir here: fake nodes share the head's session directory, so each node's
     runtime-env agent unpacks the job's package into the same path, and one of them replaced
@@ -268,7 +273,7 @@ def job_runtime_env(extra_env: dict[str, str]) -> str:
     runtime_env = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
     runtime_env.pop("working_dir", None)
     runtime_env.pop("excludes", None)
-    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **extra_env}
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **HUB_OFFLINE, **extra_env}
     return json.dumps(runtime_env)
 
 

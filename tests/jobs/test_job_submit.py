@@ -2,7 +2,8 @@
 training job, an InfoCSE run and a Tune search, on a head with exactly the Train workers' CPUs.
 
 The head runs with token auth (as cluster/*.yaml configure every node), the job goes through
-the dashboard's job API with cluster/runtime_env.yaml and `--working-dir .`, and the test only
+the dashboard's job API with cluster/runtime_env.yaml (plus the hub off: the test machines have
+no internet) and `--working-dir .`, and the test only
 looks at what a user gets back: the job's final status and a model directory that plain
 `SentenceTransformer(path)` loads.
 """
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import requests
 import yaml
+from harness.autoscaling_cluster import HUB_OFFLINE
 from harness.ray_head import RAY_CLI, local_ray_head
 
 from distributed_emb.paths import shipped_corpus
@@ -138,6 +140,14 @@ def test_a_submitted_search_fits_a_head_with_exactly_the_workers_cpus(
     assert (tune_out / "best_model" / "modules.json").is_file()
 
 
+def _runtime_env_json() -> str:
+    """cluster/runtime_env.yaml as a user submits it, with the hub switched off (HUB_OFFLINE):
+    the file leaves the hub to the user, and these machines cannot reach it."""
+    runtime_env = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **HUB_OFFLINE}
+    return json.dumps(runtime_env)
+
+
 def _submit_job(
     head, script: str, *args: str, submission_id: str | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
@@ -150,8 +160,8 @@ def _submit_job(
             "--address",
             head.dashboard_url,
             *(["--submission-id", submission_id] if submission_id else []),
-            "--runtime-env",
-            "cluster/runtime_env.yaml",
+            "--runtime-env-json",
+            _runtime_env_json(),
             "--working-dir",
             ".",
             "--",
