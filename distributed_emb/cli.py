@@ -88,8 +88,9 @@ class Job:
     plan: Callable[[Any], int] | None = None
     # Where run.log goes (None: the console only).
     log_dir: Callable[[Any], str | None] = _output_dir
-    # The key --output sets (a directory in every job but evaluate's, where it is a file).
-    output_key: str = "output.dir"
+    # The key --output sets (a directory in most jobs, a file in evaluate's and search's).
+    # --output is offered only where the config class declares this key (output_key_of).
+    output_key: str | None = "output.dir"
     # The config file and override words from the parsed arguments (a job that resumes from a
     # config it saved replaces this); ConfigError for a combination it refuses.
     config_source: Callable[[argparse.Namespace, Job], tuple[str | None, list[str]]] | None = None
@@ -129,14 +130,15 @@ def job_config(job: Job, args: argparse.Namespace | list[str]) -> Any:
     file, then key=value overrides, then the flags. Raises ConfigError naming the key."""
     if not isinstance(args, argparse.Namespace):
         args = job_parser(job).parse_intermixed_args(args)
+    _overrides_given_as_positionals(job, args)
     if job.config_source is not None:
         config_file, overrides = job.config_source(args, job)
     else:
         config_file, overrides = args.config, list(args.overrides)
     values: dict[str, Any] = {}
-    if args.output is not None:
+    if getattr(args, "output", None) is not None:  # offered where the class declares the key
         # The flag's text is the path, whatever it looks like ("/runs/x #1", "2024").
-        values[job.output_key] = args.output
+        values[output_key_of(job)] = args.output
     if job.earlier_run_flags and args.resume is not None:
         values["output.resume"] = args.resume
     for flag in job.flags:
@@ -148,17 +150,36 @@ def job_config(job: Job, args: argparse.Namespace | list[str]) -> Any:
     return config
 
 
+def _overrides_given_as_positionals(job: Job, args: argparse.Namespace) -> None:
+    """A positional left out (MODEL, OUT): argparse gave it the first key=value word, which is
+    an override (`evaluate.py transfer.kfold=5`, `export_onnx.py onnx.opset=17 ...`). A path
+    with "=" in its name that exists stays the positional."""
+    for flag in reversed([f for f in job.flags if not f.name.startswith("-")]):
+        given = getattr(args, _dest(flag))
+        if isinstance(given, str) and "=" in given and not Path(given).exists():
+            args.overrides = [given, *args.overrides]
+            setattr(args, _dest(flag), None)
+
+
 def _dest(flag: Flag) -> str:
     return flag.name.lstrip("-").replace("-", "_")
 
 
+def output_key_of(job: Job) -> str | None:
+    """The key `--output` sets, or None where the job's config class does not declare it: then
+    the job offers no --output (its --help never names a flag the config would refuse)."""
+    key = job.output_key
+    return key if key is not None and key in key_docs(job.config_class) else None
+
+
 def job_parser(job: Job) -> argparse.ArgumentParser:
+    """The job's command line, and its --help, from its declaration alone: the Job's flags,
+    --output where its config class declares job.output_key, and the class's keys (epilog)."""
     default = job.default_config
+    file_tree = _default_tree(default)
     parser = argparse.ArgumentParser(
         description=job.description,
-        epilog=config_keys_help(
-            job.config_class, _default_tree(default), Path(default).name if default else ""
-        ),
+        epilog=config_keys_help(job.config_class, file_tree, Path(default).name if default else ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -178,7 +199,10 @@ def job_parser(job: Job) -> argparse.ArgumentParser:
         help="YAML config (default: %(default)s)",
         default=str(default) if default else None,
     )
-    parser.add_argument("--output", help=f"where the job writes (sets {job.output_key})")
+    output_key = output_key_of(job)
+    if output_key is not None:
+        meaning = key_docs(job.config_class)[output_key].help
+        parser.add_argument("--output", help=f"{meaning} (sets {output_key})".replace("%", "%%"))
     if job.earlier_run_flags:
         # What to do with an earlier run under the same run name (output.resume).
         earlier = parser.add_mutually_exclusive_group()
@@ -198,8 +222,26 @@ def job_parser(job: Job) -> argparse.ArgumentParser:
             parser.add_argument(flag.name, nargs=flag.nargs, type=flag.type, help=flag.help)
         else:
             parser.add_argument(flag.name, nargs="?", help=flag.help)
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.seed=1")
+    example = example_override(job.config_class, file_tree)
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value settings of the configuration keys listed below"
+        + (f", e.g. {example}" if example else ""),
+    )
     return parser
+
+
+def example_override(cls: type, file_tree: dict | None = None) -> str | None:
+    """A `key=value` the job accepts, for --help's example, from its declaration: its first
+    numeric key at the value the job runs with by default (its YAML's, else the built-in), so
+    the example is one of its own keys with a value every check accepts."""
+    for doc in key_docs(cls).values():
+        found, value = lookup(file_tree or {}, doc.key)
+        value = value if found else doc.default
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return f"{doc.key}={_yaml_scalar(value)}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,4 +368,6 @@ def _default_tree(path: Path | str | None) -> dict:
 
 
 def _yaml_scalar(value: object) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+    """`value` as YAML on one line (a mapping or list too: never wrapped mid-value)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=float("inf"))
+    return text.removesuffix("\n...\n").strip()

@@ -28,7 +28,6 @@ docs/EVALUATION.md.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
@@ -75,15 +74,6 @@ def check_task_data(config: EvaluationConfig) -> None:
         config.eval.senteval_dir = str(directory)
 
 
-def config_source(args: argparse.Namespace, job: Job) -> tuple[str | None, list[str]]:
-    """With no MODEL, the first word may be an override (`evaluate.py transfer.kfold=5`)."""
-    overrides = list(args.overrides)
-    if args.model and "=" in args.model and not Path(args.model).exists():
-        overrides.insert(0, args.model)
-        args.model = None
-    return args.config, overrides
-
-
 def check(config: EvaluationConfig) -> None:
     require_model_dir(config.model.path, "model.path")
     require_model_dir(config.eval.baseline_model, "eval.baseline_model")
@@ -121,7 +111,6 @@ JOB = Job(
     description=__doc__.split("\n\n")[0],
     config_class=EvaluationConfig,
     default_config=None,
-    config_source=config_source,
     check=check,
     run=run,
     uses_ray=encodes_with_ray,
