@@ -26,11 +26,14 @@ import yaml
 from distributed_emb.checks import ConfigError, require_range
 from distributed_emb.checks import require as _require
 from distributed_emb.data.data_config import DataConfig, validate_negative_column
+from distributed_emb.data.documents import DocumentsConfig, no_documents
+from distributed_emb.data.held_out import HeldOutConfig
 from distributed_emb.data.sources import require_sources
 from distributed_emb.data.stream_settings import StreamSettings
 from distributed_emb.evaluation.eval_config import EvalConfig, validate_selection
 from distributed_emb.logging_config import LoggingConfig
 from distributed_emb.losses.loss_config import LossConfig
+from distributed_emb.losses.terms import require_a_weighted_term
 from distributed_emb.model.export_config import ExportConfig, validate_export_config
 from distributed_emb.model.model_config import ModelConfig, require_model_dir
 from distributed_emb.ray_config import RayConfig, validate_ray_config
@@ -279,23 +282,25 @@ class TrainingConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    # A training run on documents (train/document_corpus.py): it trains on the sentences of
+    # all but the held-out documents and is chosen and reported on the held-out ones.
+    documents: DocumentsConfig = field(default_factory=no_documents)
+    heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
 
     def validate(self) -> None:
         m, d, lo, t, e, o = self.model, self.data, self.loss, self.train, self.eval, self.output
         require_model_dir(m.path, "model.path")
         if d.path is not None:
             require_sources([d.path], "data.path")
-        _require(
-            lo.contrastive_weight
-            + lo.reconstruction_weight
-            + lo.mlm_weight
-            + lo.distill_weight
-            + lo.mcr2_weight
-            > 0,
-            "loss",
-            "every term has weight 0 (contrastive, reconstruction, mlm, distill, mcr2): "
-            "nothing to train",
-        )
+        if self.documents.paths:
+            require_sources(self.documents.paths, "documents.paths")
+            _require(
+                d.path is None,
+                "data.path",
+                "and documents.paths both name a training corpus: give one (documents.paths "
+                "trains on the documents' sentences, the held-out documents chosen on)",
+            )
+        require_a_weighted_term(lo)  # losses/terms.py: every term of the objective
         validate_negative_column(d, lo.contrastive_weight)
         if m.compression_head is not None:
             # The head's directory and the pooler it read: the training job's checks
@@ -361,15 +366,16 @@ class TrainingConfig:
                 "eval.senteval_dir",
                 f"{e.senteval_dir} is not a directory",
             )
-        validate_selection(e, self.builds_documents())
+        e.select_by = validate_selection(e, self.builds_documents())
         _require(bool(o.dir.strip()), "output.dir", "is empty")
         validate_ray_config(self.ray)
         validate_export_config(self.export)
 
     def builds_documents(self) -> bool:
-        """Does the run write its own eval.documents_dir from held-out documents (InfoCSE's
-        rounds do)? Then eval.select_by=documents:dev is checked against that set."""
-        return False
+        """Does the run write its own eval.documents_dir from held-out documents (a run on
+        documents.paths, InfoCSE's rounds)? Then eval.select_by=documents:dev is checked
+        against that set, and is what eval.select_by=auto means."""
+        return bool(self.documents.paths) and self.heldout.fraction > 0
 
     @property
     def model_path(self) -> str:

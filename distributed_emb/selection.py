@@ -18,6 +18,8 @@ DEV_METRIC = "stsb_dev_spearman"  # STS-B dev Spearman × 100, reported at every
 SELECT_METRIC = "select_score"  # the score eval.select_by names, at every evaluation
 SELECT_BY = "select_by"  # the eval.select_by it was, beside it in every evaluation's metrics
 STSB_DEV = "stsb_dev"
+# eval.select_by's default: the in-domain dev set the run has, else STS-B dev (resolve_auto).
+AUTO = "auto"
 RETRIEVAL = "retrieval:"
 DOCUMENTS = "documents:"
 TEST_SPLIT = "test"
@@ -105,6 +107,20 @@ def check_select_by(
             f"{key}.select_by: {directory}/qrels has no {split}.tsv; its splits: "
             f"{', '.join(present) or 'none'}"
         )
+
+
+def resolve_auto(select_by: str, retrieval_splits: list[str] | None, builds_documents: bool) -> str:
+    """What `auto` chooses on: the user's own BEIR dev split where eval.retrieval_dir has
+    one (labelled, in-domain: it goes first); else the dev split of the run's own held-out
+    documents where it trains on documents (documents.paths, InfoCSE); else STS-B dev, the
+    choice only where nothing in-domain exists. Any other value is returned as given."""
+    if select_by != AUTO:
+        return select_by
+    if retrieval_splits is not None and "dev" in retrieval_splits:
+        return f"{RETRIEVAL}dev"
+    if builds_documents:
+        return f"{DOCUMENTS}dev"
+    return STSB_DEV
 
 
 def scored_splits(splits: list[str], select_by: str, documents: bool = False) -> list[str]:

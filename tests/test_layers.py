@@ -28,13 +28,15 @@ LAYERS = [
         "console",
         "settings",
         "selection",
+        "scoring",  # pair cosines and Spearman × 100: every STS number, the serving check
     },
     {"data", "losses"},  # what is read and what is optimised
     # Each package's own settings, declared beside it (SECTION_MODULES), read nothing above.
     {"sections", "ray_config", "logging_config"},
     {"config"},  # the loader, and the training job's composition of the sections
     {"tracking", "plots", "resource_plan", "watchdog", "runtime"},  # the run around the model
-    {"model", "evaluation"},
+    {"model"},  # the encoder, its export and serving (the check scores through `scoring`)
+    {"evaluation"},  # reads the model (its embedders); the model never reads evaluation
     {"train"},
     {"infocse", "mcr2", "tune", "vectors"},  # the methods, and embed/search/mine, over the core
     {"cli"},  # the one way into every job (jobs/ sits above it)
@@ -91,6 +93,20 @@ def test_no_import_runs_up_the_layers():
             if target_room in LAYER and LAYER[target_room] > own:
                 upward.append(f"{module} imports {target}")
     assert not upward, "\n".join(upward)
+
+
+def test_the_model_never_reads_evaluation():
+    """model/ sits below evaluation/ (which embeds through it): what the model's own checks
+    score with (the serving check's STS-B dev) comes from below both, data/senteval_files.py
+    and scoring.py, so the two never import each other both ways."""
+    assert LAYER["model"] < LAYER["evaluation"]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)} imports {target}"
+        for path in sorted((PACKAGE / "model").rglob("*.py"))
+        for target in sorted(imports(path))
+        if room(target) == "evaluation"
+    ]
+    assert not found, "\n".join(found)
 
 
 # Sections of the training config that data/ must never read: it gets its own `DataConfig` and

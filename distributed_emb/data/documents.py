@@ -207,8 +207,10 @@ class DocumentsConfig:
         Field(
             description="the document corpora: files (.jsonl/.json .parquet .arrow, "
             "optionally compressed), directories, globs, s3:// or gs:// URIs, saved Hugging "
-            "Face datasets or hub names (org/name); by default the shipped Lee and Wikipedia "
-            "documents"
+            "Face datasets or hub names (org/name). InfoCSE: the shipped Lee and Wikipedia "
+            "documents by default. A training job: none by default (it trains on data.path); "
+            "given, it trains on the sentences of all but the held-out documents (heldout.*) "
+            "and chooses on the held-out ones (docs/EVALUATION.md, 'Two yardsticks')"
         ),
     ] = field(
         default_factory=lambda: [
@@ -256,6 +258,11 @@ class DocumentsConfig:
     @property
     def rules(self) -> DocumentRows:
         return DocumentRows(self.columns, self.min_sentences, self.max_chars)
+
+
+def no_documents() -> DocumentsConfig:
+    """A training job's default: no document corpus (it trains on data.path)."""
+    return DocumentsConfig(paths=[])
 
 
 ReadReport = DropReport  # documents are counted like every other corpus

@@ -142,7 +142,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def corpus_fingerprint(data_config: DataConfig) -> list[list]:
     """[path, size, modification time in ns] of every corpus file, in reading order. The
     listing is names and metadata only (no contents), as for reading."""
-    files = resolve_sources(corpus_path(data_config), data_config.hf_split)
+    return sources_fingerprint(corpus_path(data_config), data_config.hf_split)
+
+
+def sources_fingerprint(specs: str | list[str], hf_split: str = "train") -> list[list]:
+    """:func:`corpus_fingerprint` of any sources (a document corpus's too)."""
+    files = resolve_sources(specs, hf_split)
     mtimes: dict[str, int | None] = {}
     by_filesystem: dict[int, tuple[pafs.FileSystem, list[str]]] = {}
     for file, filesystem in zip(files.files, files.filesystems):

@@ -1,9 +1,8 @@
 """In-domain retrieval on held-out documents: the InfoCSE paper's kind of metric.
 
-Documents are split by document (never by sentence) into training and held-out sets:
-:func:`held_out_doc_ids` puts a document in the held-out set when a hash of (seed, doc_id)
-falls below `fraction`, so the split depends neither on file order nor on how many documents
-there are, and a document is held out in every run with the same seed.
+Documents are split by document (never by sentence) into training and held-out sets by
+data/held_out.py (a hash of (seed, doc_id): the same documents in every run with the same
+seed).
 
 The task (:class:`SameDocumentTask`): every held-out sentence is a query; its candidates are
 all *other* held-out sentences; the relevant ones are the sentences of its own document.
@@ -20,7 +19,6 @@ Wikipedia articles do not make up most of the queries.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,28 +27,6 @@ import numpy as np
 from distributed_emb.evaluation.retrieval import metrics_from_ranks
 
 Encoder = Callable[[list[str]], np.ndarray]
-
-
-def _unit_interval(seed: int, doc_id: str) -> float:
-    digest = hashlib.blake2b(f"{seed}\x00{doc_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
-
-
-def held_out_split(doc_id: str, fraction: float, seed: int = 0) -> str | None:
-    """Where one document goes: "dev" or "test" (the two halves of the held-out documents,
-    by the same hash: below fraction/2, or between fraction/2 and fraction), or None
-    (trained on). Decided by the document alone, so any process can filter any row."""
-    unit = _unit_interval(seed, str(doc_id))
-    if unit >= fraction:
-        return None
-    return "dev" if unit < fraction / 2 else "test"
-
-
-def held_out_doc_ids(doc_ids: Iterable[str], fraction: float, seed: int = 0) -> set[str]:
-    """The documents held out of training: those whose hash of (seed, doc_id) is < fraction."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"held-out fraction must be in [0, 1), got {fraction}")
-    return {str(d) for d in doc_ids if _unit_interval(seed, str(d)) < fraction}
 
 
 @dataclass

@@ -7,7 +7,7 @@ documents is chosen and reported on this one too. No labels: it is built from th
 documents.
 
 - **Held out by document.** A document belongs to the set when
-  :func:`~distributed_emb.evaluation.document_retrieval.held_out_split` puts it in "dev" or
+  :func:`~distributed_emb.data.held_out.held_out_split` puts it in "dev" or
   "test" (a seeded hash of its id, decided row by row: the same function keeps those
   documents out of annotation and training, so the set is disjoint from training by
   construction).
@@ -33,20 +33,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distributed_emb.evaluation.document_retrieval import held_out_split
+from distributed_emb.data.held_out import HeldOutConfig, held_out_split
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("dev", "test")
 QRELS_HEADER = "query-id\tcorpus-id\tscore"
 PASSAGE_SEPARATOR = "#"
-# The shipped example's and the runs' defaults (HeldOutConfig / DocumentsEvalConfig).
-SHIPPED_FRACTION = 0.2
-SHIPPED_SEED = 0
+# The shipped example is held out as InfoCSE's default run holds its documents out.
+SHIPPED = HeldOutConfig()
 
 
 @dataclass
@@ -174,6 +176,37 @@ def readme(built: TopicSet, provenance: Mapping[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_held_out_yardstick(
+    held_rows: list[Mapping], heldout: HeldOutConfig, sources: list[str], directory: str | Path
+) -> str | None:
+    """The yardstick of a run's held-out documents (`held_rows`, split by `heldout`) written
+    to `directory`; None, logged, when no held-out document has 2 passages. InfoCSE's rounds
+    and a training run on documents both build theirs here."""
+    built = build_topic_set(
+        held_rows,
+        heldout.fraction,
+        heldout.seed,
+        heldout.sentences_per_passage,
+        heldout.max_passages_per_document,
+    )
+    if not any(built.qrels.values()):
+        log.warning("heldout: no held-out document has 2 passages: no document-level yardstick")
+        return None
+    provenance = {
+        "documents": ", ".join(sources),
+        "held out": f"heldout.fraction {heldout.fraction}, heldout.seed {heldout.seed} (never "
+        "annotated or trained on by the run)",
+        "passages": f"{heldout.sentences_per_passage} sentences each, at most "
+        f"{heldout.max_passages_per_document} per document",
+    }
+    written = write_topic_set(built, directory, provenance)
+    log.warning(
+        "heldout: document-level yardstick (topic retrieval among held-out passages) in %s: "
+        "dev %d queries, test %d", written, built.query_count("dev"), built.query_count("test"),
+    )  # fmt: skip
+    return written
+
+
 SHIPPED_PROVENANCE_NOTE = (
     "the Lee news corpus (Lee, Pincombe & Welsh, 2005): 300 short news documents from "
     "gensim's `lee_background.cor`, distributed with gensim for research use"
@@ -189,25 +222,20 @@ def main(argv: list[str] | None = None) -> None:
         "Lee news documents, held out as InfoCSE's default run holds them out."
     )
     parser.add_argument("output_dir", help="where to write corpus.jsonl, queries.jsonl, qrels/")
-    parser.add_argument("--sentences-per-passage", type=int, default=3)
-    parser.add_argument("--max-passages-per-document", type=int, default=8)
     args = parser.parse_args(argv)
     documents, _ = read_documents_locally(
         DocumentsConfig(paths=[shipped_corpus("lee_documents.jsonl")]), log=False
     )
+    h = SHIPPED
     built = build_topic_set(
-        documents,
-        SHIPPED_FRACTION,
-        SHIPPED_SEED,
-        args.sentences_per_passage,
-        args.max_passages_per_document,
+        documents, h.fraction, h.seed, h.sentences_per_passage, h.max_passages_per_document
     )
     provenance = {
         "documents": SHIPPED_PROVENANCE_NOTE,
-        "held out": f"fraction {SHIPPED_FRACTION}, seed {SHIPPED_SEED} (InfoCSE's default "
-        "heldout.*: these documents are never annotated or trained on by its default run)",
-        "passages": f"{args.sentences_per_passage} sentences each, at most "
-        f"{args.max_passages_per_document} per document",
+        "held out": f"fraction {h.fraction}, seed {h.seed} (heldout.*'s defaults: these "
+        "documents are never annotated or trained on by InfoCSE's default run)",
+        "passages": f"{h.sentences_per_passage} sentences each, at most "
+        f"{h.max_passages_per_document} per document",
     }
     write_topic_set(built, args.output_dir, provenance)
     counts = ", ".join(f"{s} {built.query_count(s)} queries" for s in SPLITS)

@@ -80,17 +80,20 @@ class EvalConfig:
             description="what chooses the exported checkpoint (and Tune's best trial): "
             "stsb_dev (STS-B dev Spearman), retrieval:<split> (nDCG@10 on that split of "
             "eval.retrieval_dir, e.g. retrieval:dev) or documents:<split> (nDCG@10 on that "
-            "split of eval.documents_dir, e.g. documents:dev); never test; STS-B dev and the "
+            "split of eval.documents_dir, e.g. documents:dev); never test. auto: retrieval:dev "
+            "when eval.retrieval_dir has a dev split, else documents:dev when the run trains "
+            "on documents (documents.paths, InfoCSE), else stsb_dev. STS-B dev and the "
             "documents' dev split are reported either way"
         ),
-    ] = "stsb_dev"
+    ] = "auto"
 
 
-def validate_selection(e: EvalConfig, builds_documents: bool = False) -> None:
-    """eval.select_by names STS-B dev or a split that eval.retrieval_dir or
-    eval.documents_dir holds (not test). `builds_documents`: the run writes its own
-    eval.documents_dir from its held-out documents (its splits are dev and test)."""
-    from distributed_emb.selection import check_select_by
+def validate_selection(e: EvalConfig, builds_documents: bool = False) -> str:
+    """eval.select_by, `auto` resolved (selection.resolve_auto), checked: it names STS-B dev
+    or a split that eval.retrieval_dir or eval.documents_dir holds (not test).
+    `builds_documents`: the run writes its own eval.documents_dir from its held-out documents
+    (its splits are dev and test). Returns the resolved value."""
+    from distributed_emb.selection import check_select_by, resolve_auto
 
     def splits_of(key: str, directory: str | None) -> list[str] | None:
         if directory is None or "://" in directory:
@@ -105,10 +108,13 @@ def validate_selection(e: EvalConfig, builds_documents: bool = False) -> None:
     documents_dir, documents_splits = e.documents_dir, splits_of("documents_dir", e.documents_dir)
     if builds_documents:
         documents_dir, documents_splits = "the run's held-out documents", ["dev", "test"]
+    retrieval_splits = splits_of("retrieval_dir", e.retrieval_dir)
+    select_by = resolve_auto(e.select_by, retrieval_splits, builds_documents)
     check_select_by(
-        e.select_by,
+        select_by,
         e.retrieval_dir,
-        splits_of("retrieval_dir", e.retrieval_dir),
+        retrieval_splits,
         documents_dir=documents_dir,
         documents_splits=documents_splits,
     )
+    return select_by

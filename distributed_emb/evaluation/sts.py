@@ -11,50 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy.stats import spearmanr
 
-from distributed_emb.evaluation.senteval_data import StsData, read_sts_benchmark
-from distributed_emb.paths import shipped_senteval_dir
+# The STS-B reader and the pair scores live below model/ and evaluation/ (the serving check of
+# an export reads them too); imported here under their old names.
+from distributed_emb.data.senteval_files import read_stsb as read_stsb
+from distributed_emb.evaluation.senteval_data import StsData
+from distributed_emb.scoring import pair_cosines as pair_cosines
+from distributed_emb.scoring import spearman_of_embeddings as spearman_of_embeddings
+from distributed_emb.scoring import spearman_x100 as spearman_x100
 
 Encoder = Callable[[list[str]], np.ndarray]
-
-
-def pair_cosines(embeddings1: np.ndarray, embeddings2: np.ndarray) -> np.ndarray:
-    """Row-wise cosine similarity of two (n, d) arrays → (n,).
-
-    A zero vector gives NaN cosine; SentEval maps it to 0 (``np.nan_to_num``), and so do we.
-    """
-    e1 = np.asarray(embeddings1, dtype=np.float64)  # (n, d)
-    e2 = np.asarray(embeddings2, dtype=np.float64)  # (n, d)
-    if e1.ndim != 2 or e1.shape != e2.shape:
-        raise ValueError(
-            f"embeddings must be two (n, d) arrays of the same shape, got {e1.shape} and {e2.shape}"
-        )
-    dots = np.einsum("nd,nd->n", e1, e2)  # (n,)
-    norms = np.linalg.norm(e1, axis=1) * np.linalg.norm(e2, axis=1)  # (n,)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.nan_to_num(dots / norms)
-
-
-def spearman_x100(system_scores: np.ndarray, gold_scores: np.ndarray) -> float:
-    """Spearman rank correlation × 100 (the unit of the papers' tables)."""
-    system_scores = np.asarray(system_scores, dtype=np.float64)
-    gold_scores = np.asarray(gold_scores, dtype=np.float64)
-    if system_scores.shape != gold_scores.shape or system_scores.ndim != 1:
-        raise ValueError(
-            f"need two 1-D arrays of equal length, got {system_scores.shape} and "
-            f"{gold_scores.shape}"
-        )
-    if len(system_scores) < 2:
-        raise ValueError("Spearman correlation needs at least two pairs")
-    return float(spearmanr(system_scores, gold_scores).statistic) * 100.0
-
-
-def spearman_of_embeddings(
-    embeddings1: np.ndarray, embeddings2: np.ndarray, scores: np.ndarray
-) -> float:
-    """Spearman × 100 between the pairs' cosine similarities and the gold `scores`."""
-    return spearman_x100(pair_cosines(embeddings1, embeddings2), scores)
 
 
 def encode_pairs(encode: Encoder, data: StsData) -> tuple[np.ndarray, np.ndarray]:
@@ -88,16 +54,6 @@ def per_pair(cosines: np.ndarray, gold_scores: np.ndarray) -> dict[str, list[flo
         "cosine": np.asarray(cosines, dtype=np.float64).tolist(),
         "gold": np.asarray(gold_scores, dtype=np.float64).tolist(),
     }
-
-
-def read_stsb(split: str, senteval_dir: str | None = None, max_pairs: int | None = None) -> StsData:
-    """STS-B `split` from `senteval_dir` (the shipped copy when None), its first `max_pairs`
-    pairs when given."""
-    data = read_sts_benchmark(senteval_dir or shipped_senteval_dir(), split)
-    if max_pairs is None:
-        return data
-    n = max_pairs
-    return StsData(data.sentences1[:n], data.sentences2[:n], data.scores[:n], data.name)
 
 
 def stsb_score(

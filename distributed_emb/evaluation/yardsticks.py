@@ -61,7 +61,7 @@ def compare_with_given(
 
         directory = local_model_dir(e.documents_dir)
         given, exported = (
-            evaluate_splits(encoder_for(model, e.documents_max_seq_length), directory, [TEST])
+            evaluate_splits(encoder_for(model, passage_length(e, model)), directory, [TEST])
             for model in (given_model, exported_model)
         )
         per_query_given, per_query_exported = given[TEST]["per_query"], exported[TEST]["per_query"]
@@ -77,6 +77,16 @@ def compare_with_given(
             "documents_dir": e.documents_dir,
         }
     return out
+
+
+def passage_length(e: EvalConfig, model_dir: str) -> int:
+    """The tokens a passage of eval.documents_dir is embedded with by `model_dir`:
+    eval.documents_max_seq_length, at most what its position embeddings take."""
+    from distributed_emb.model.model_card import position_limit
+    from distributed_emb.storage import local_model_dir
+
+    limit = position_limit(local_model_dir(model_dir))
+    return min(e.documents_max_seq_length, limit or e.documents_max_seq_length)
 
 
 def yardstick_lines(compared: dict) -> list[str]:

@@ -43,18 +43,19 @@ from distributed_emb import storage
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
 from distributed_emb.config import TrainingConfig
 from distributed_emb.data.documents import read_documents
+from distributed_emb.data.held_out import split_held_out
 from distributed_emb.evaluation.beir import evaluate_split, evaluate_splits
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
     evaluate_same_document,
-    held_out_split,
 )
-from distributed_emb.evaluation.document_topics import build_topic_set, write_topic_set
+from distributed_emb.evaluation.document_topics import write_held_out_yardstick
 from distributed_emb.evaluation.retrieval import evaluate_retrieval, sts_retrieval_task
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.evaluation.sts import read_stsb, sts_spearman, stsb_score
 from distributed_emb.evaluation.yardsticks import (
     compare_with_given,
+    passage_length,
     topic_loss_line,
     yardstick_lines,
 )
@@ -206,7 +207,7 @@ def evaluate_dev(model_dir: str, config: InfoCSEConfig, heldout: HeldOut | None 
     if heldout is not None and heldout.documents_dir is not None:
         # Passages are embedded whole (eval.documents_max_seq_length), not at the training
         # length.
-        passages = round_embedder(model_dir, config, training.eval.documents_max_seq_length)
+        passages = round_embedder(model_dir, config, passage_length(training.eval, model_dir))
         topic = evaluate_splits(
             passages.embed, storage.local_model_dir(heldout.documents_dir), ["dev", "test"]
         )
@@ -347,6 +348,12 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             f"rounds.select_by={config.rounds.select_by}: no held-out dev document has 2 "
             f"sentences (heldout.fraction={config.heldout.fraction} of {config.documents.paths}); "
             "raise heldout.fraction or choose rounds by stsb_dev"
+        )
+    if _selection_field(config).startswith("documents_") and _documents_dir(heldout) is None:
+        raise ValueError(
+            f"eval.select_by={config.training.eval.select_by}: no held-out document has 2 "
+            f"passages (heldout.fraction={config.heldout.fraction} of {config.documents.paths}); "
+            "raise heldout.fraction or choose by stsb_dev"
         )
     teacher = _teacher(config)
     if config.student.num_layers is not None:
@@ -782,19 +789,9 @@ def _split_held_out(dataset, config: InfoCSEConfig, output: Path, state: RoundSt
     h = config.heldout
     if h.fraction == 0:
         return dataset, None
-
-    def part(table: pa.Table, split: str | None) -> pa.Table:
-        where = [held_out_split(d, h.fraction, h.seed) == split
-                 for d in table.column("doc_id").to_pylist()]  # fmt: skip
-        return table.filter(pa.array(where, pa.bool_()))
-
-    def rows(split: str | None):
-        return dataset.map_batches(part, batch_format="pyarrow", fn_kwargs={"split": split})
-
-    training = rows(None).materialize()
+    training, held = split_held_out(dataset, h)
     tasks, held_rows = {}, []
-    for split in ("dev", "test"):
-        split_rows = rows(split).take_all()
+    for split, split_rows in held.items():
         held_rows += split_rows
         try:
             tasks[split] = SameDocumentTask.from_documents(
@@ -822,23 +819,10 @@ def _write_document_yardstick(
     """The document-level yardstick (evaluation/document_topics.py) built from the held-out
     documents into `output`/documents_eval (and the state's, on a storage path, where Train
     workers on any node read it); None, logged, when no held-out document has 2 passages."""
-    h = config.heldout
-    built = build_topic_set(held_rows, h.fraction, h.seed)
-    if not any(built.qrels.values()):
-        log.warning("heldout: no held-out document has 2 passages: no document-level yardstick")
-        return None
-    provenance = {
-        "documents": ", ".join(config.documents.paths),
-        "held out": f"heldout.fraction {h.fraction}, heldout.seed {h.seed} (never annotated "
-        "or trained on by this run)",
-        "passages": "3 sentences each, at most 8 per document",
-    }
-    local = write_topic_set(built, output / DOCUMENTS_EVAL_DIR, provenance)
-    log.warning(
-        "heldout: document-level yardstick (topic retrieval) in %s: dev %d queries, test %d",
-        local, built.query_count("dev"), built.query_count("test"),
-    )  # fmt: skip
-    if not state.remote:
+    local = write_held_out_yardstick(
+        held_rows, config.heldout, config.documents.paths, output / DOCUMENTS_EVAL_DIR
+    )
+    if local is None or not state.remote:
         return local
     location = state.location(DOCUMENTS_EVAL_DIR)
     storage.delete_tree(location)

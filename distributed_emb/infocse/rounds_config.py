@@ -5,6 +5,7 @@ annotation, the stopping rule and optional InfoCSE++ supervised rounds. Loaded w
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import field
 from typing import Annotated, Literal
@@ -13,10 +14,10 @@ from pydantic import Field
 
 from distributed_emb.checks import require as _require
 from distributed_emb.config import TrainingConfig, training_sections
-from distributed_emb.data.documents import DocumentsConfig
+from distributed_emb.data.documents import DocumentsConfig, no_documents
 from distributed_emb.data.sources import require_sources
 from distributed_emb.infocse.annotate import AnnotationConfig
-from distributed_emb.settings import Seed, section
+from distributed_emb.settings import section
 from distributed_emb.train.output_config import OutputConfig
 
 
@@ -121,32 +122,6 @@ class StudentConfig:
 
 
 @section
-class HeldOutConfig:
-    """Documents held out of annotation and training, scored every round by same-document
-    retrieval (evaluation/document_retrieval.py): the InfoCSE paper's in-domain metric."""
-
-    # 1 would leave nothing to train on.
-    fraction: Annotated[
-        float,
-        Field(
-            ge=0,
-            lt=1,
-            description="share of documents held out of annotation and training (chosen by a "
-            "hash of heldout.seed and the document id); 0: none",
-        ),
-    ] = 0.1
-    seed: Annotated[Seed, Field(description="seed of the held-out documents' choice")] = 0
-    max_sentences_per_document: Annotated[
-        int,
-        Field(
-            ge=2,
-            description="a held-out document's first sentences used, each a query against "
-            "the others",
-        ),
-    ] = 16
-
-
-@section
 class InfoCSEConfig(TrainingConfig):
     # Before the one vocabulary the training settings sat under `training.` and the output
     # directory was `output_dir`.
@@ -158,17 +133,13 @@ class InfoCSEConfig(TrainingConfig):
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
     supervised: SupervisedConfig = field(default_factory=SupervisedConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
-    heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
-
-    def builds_documents(self) -> bool:
-        """The rounds build their document-level yardstick from their held-out documents
-        (infocse/rounds.py): never the shipped example, which may hold documents they train on."""
-        return self.heldout.fraction > 0
 
     @property
     def training(self) -> TrainingConfig:
-        """The settings each round's training starts from (shared: copy before changing)."""
-        return training_sections(self)
+        """The settings each round's training starts from (shared: copy before changing). Its
+        documents are the rounds' mined pairs, not documents.paths: a round never prepares
+        the documents as a training run on documents does."""
+        return dataclasses.replace(training_sections(self), documents=no_documents())
 
     def validate(self) -> None:
         """The checks that read more than one setting, or the disk (the ranges are declared)."""

@@ -204,3 +204,28 @@ class MCR2Loss(torch.nn.Module):
             metrics["similarity_kl"] = kl.item()
         metrics["loss"] = loss.item()
         return loss, metrics
+
+
+def mcr2_term(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    config: MCR2LossConfig,
+    groups: torch.Tensor | None,
+    teacher_vectors: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training step's MCR² term (γ·L_MCR², losses/terms.py): the loss of the compression
+    job's heads on this worker's first view z1 (B, d): clusters = the rows' groups (B,), the
+    pair term between the two dropout views, the teacher's (2B, D) rows of z1 for the
+    neighbourhood term. Per worker, like the frozen-encoder heads' batches: logdets of a
+    gathered batch would need every worker's rows with gradients; DDP averages the workers'
+    gradients, i.e. of the mean of their losses."""
+    if groups is None:
+        if config.compress_weight > 0:
+            raise ValueError("the MCR² term needs each row's group (data.group_column)")
+        groups = torch.zeros(len(z1), dtype=torch.long, device=z1.device)
+    teacher = None
+    if config.distill_weight > 0:
+        if teacher_vectors is None:
+            raise ValueError("loss.mcr2.distill_weight > 0 but the batch has no teacher vectors")
+        teacher = teacher_vectors[: len(z1)].to(z1.dtype)  # the rows behind z1
+    return MCR2Loss(config)(z1, groups, (z1, z2), teacher=teacher)

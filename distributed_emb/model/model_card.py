@@ -97,7 +97,7 @@ def export_max_seq_length(
         value = getattr(tokenizer, "model_max_length", None)
         if isinstance(value, int) and 0 < value < _NO_LIMIT:
             limits.append(value)
-    positions = _position_limit(model_config)
+    positions = config_position_limit(model_config)
     if positions is not None:
         limits = [min(limit, positions) for limit in limits] or [positions]
     return limits[0] if limits else None
@@ -109,10 +109,12 @@ def position_limit(model_dir: str) -> int | None:
     config_file = Path(model_dir) / "config.json"
     if not config_file.is_file():
         return None
-    return _position_limit(SimpleNamespace(**json.loads(config_file.read_text())))
+    return config_position_limit(SimpleNamespace(**json.loads(config_file.read_text())))
 
 
-def _position_limit(model_config) -> int | None:
+def config_position_limit(model_config) -> int | None:
+    """The longest input a loaded model config's position embeddings take (RoBERTa-style
+    offsets removed); None when it does not say."""
     if model_config is None:
         return None
     positions = getattr(model_config, "max_position_embeddings", None)

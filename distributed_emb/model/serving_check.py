@@ -3,9 +3,11 @@
 The sentences of STS-B dev pairs are embedded once by the SentenceTransformer (the project's
 :class:`~distributed_emb.model.embedder.Embedder`) and once by each exported variant
 (:class:`~distributed_emb.model.onnx_embedder.OnnxEmbedder`); per variant, the mean and the
-worst row cosine with torch's vector, and each backend's STS-B dev Spearman × 100
-(evaluation/sts.py). The result is a dict keyed by backend (``torch``, ``onnx_fp32``,
-``onnx_int8``), the "backends" entry of export.json and of a run's metrics.json.
+worst row cosine with torch's vector, and each backend's STS-B dev Spearman × 100. STS-B and
+its scores come from below model/ (data/senteval_files.py, scoring.py: the reader and scores
+every STS number of evaluation/ uses), never from evaluation/, which sits above. The result is
+a dict keyed by backend (``torch``, ``onnx_fp32``, ``onnx_int8``), the "backends" entry of
+export.json and of a run's metrics.json.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from distributed_emb.evaluation.sts import pair_cosines, read_stsb, sts_spearman
+from distributed_emb.data.senteval_files import StsData, read_stsb
 from distributed_emb.model.embedder import Embedder, EmbeddingLookup
 from distributed_emb.model.onnx_embedder import OnnxEmbedder
 from distributed_emb.model.onnx_export import ONNX_DIR, read_export_info
+from distributed_emb.scoring import pair_cosines, spearman_of_embeddings
 
 
 def serving_check(
@@ -41,7 +44,7 @@ def serving_check(
     reference = Embedder(str(model_dir), batch_size=batch_size).embed(sentences)  # (n, d)
     backends = {
         "torch": {
-            "stsb_dev_spearman": sts_spearman(EmbeddingLookup(sentences, reference), data),
+            "stsb_dev_spearman": _spearman(EmbeddingLookup(sentences, reference), data),
             "pairs": len(data),
         }
     }
@@ -51,13 +54,18 @@ def serving_check(
         agreement = pair_cosines(embeddings, reference)  # (n,)
         backends[f"onnx_{variant}"] = {
             "file": f"{ONNX_DIR}/{embedder.path.name}",
-            "stsb_dev_spearman": sts_spearman(EmbeddingLookup(sentences, embeddings), data),
+            "stsb_dev_spearman": _spearman(EmbeddingLookup(sentences, embeddings), data),
             "pairs": len(data),
             "cosine_to_torch_mean": float(agreement.mean()),
             "cosine_to_torch_min": float(agreement.min()),
             "sentences": len(sentences),
         }
     return backends
+
+
+def _spearman(lookup: EmbeddingLookup, data: StsData) -> float:
+    """STS-B dev Spearman × 100 of one backend's vectors, looked up by sentence."""
+    return spearman_of_embeddings(lookup(data.sentences1), lookup(data.sentences2), data.scores)
 
 
 def below_minimum(backends: Mapping[str, dict], minimums: Mapping[str, float]) -> list[str]:

@@ -10,6 +10,7 @@ then exports the best checkpoint and writes metrics.json.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ from distributed_emb.checks import require
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.beir_layout import list_splits, read_splits
 from distributed_emb.data.corpus import check_small_corpus
+from distributed_emb.data.documents import check_small_documents
 from distributed_emb.data.global_batches import batch_plan
 from distributed_emb.data.training_stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
@@ -60,6 +62,7 @@ from distributed_emb.selection import (
 from distributed_emb.storage import copy_to_storage, run_uri
 from distributed_emb.storage_paths import require_writable
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
+from distributed_emb.train.document_corpus import TEXT_COLUMN, prepare_documents
 from distributed_emb.train.resolved_run import resolve_run
 from distributed_emb.train.run_card import card_info, finalize_export
 from distributed_emb.train.run_identity import (
@@ -90,6 +93,9 @@ def check(config: TrainingConfig) -> None:
     check_retrieval_data(config)
     prepare_run(config, dry_run=True)
     train = config.train
+    if config.documents.paths:  # prepared with Ray (train/document_corpus.py): listed now
+        check_small_documents(config.documents)
+        return
     check_small_corpus(
         config.data,
         train.global_batch * train.gradient_accumulation_steps,
@@ -335,6 +341,7 @@ def run_training(
     `stream`: what to train on (default: data/training_stream.py's choice for `config`).
     `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
+    config = train_on_documents(config)
     # From here on the settings are what the run uses, decided once and frozen.
     config = resolve_run(config)
     output = Path(config.output.dir)
@@ -429,6 +436,22 @@ def run_training(
     if config.output.storage_path:
         copy_to_storage(output / "metrics.json", metrics["metrics_uri"])
     return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
+
+
+def train_on_documents(config: TrainingConfig) -> TrainingConfig:
+    """documents.paths (and no data.path yet): a copy of `config` that trains on the
+    sentences of all but the held-out documents and scores the held-out ones
+    (eval.documents_dir), prepared once under the token cache's root (train/
+    document_corpus.py); any other config as it is. Ray must be up."""
+    if not config.documents.paths or config.data.path is not None:
+        return config
+    prepared = prepare_documents(
+        config.documents, config.heldout, config.stream_settings().token_cache_root
+    )
+    config = copy.deepcopy(config)
+    config.data.path, config.data.text_column = prepared.sentences, TEXT_COLUMN
+    config.eval.documents_dir = prepared.yardstick
+    return config
 
 
 def _fit_watched(trainer, config: TrainingConfig):

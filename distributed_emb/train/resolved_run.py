@@ -20,6 +20,8 @@ import copy
 import logging
 
 from distributed_emb.config import TrainingConfig
+from distributed_emb.evaluation.eval_config import validate_selection
+from distributed_emb.selection import AUTO
 from distributed_emb.settings import freeze, is_frozen
 from distributed_emb.train.layout import apply_layout
 from distributed_emb.train.progress import resolve_progress_bar
@@ -34,6 +36,8 @@ def resolve_run(config: TrainingConfig) -> TrainingConfig:
         return config
     run = copy.deepcopy(config)
     run.make_paths_absolute()
+    if run.eval.select_by == AUTO:  # a config built in code, never validated
+        run.eval.select_by = validate_selection(run.eval, run.builds_documents())
     layout = apply_layout(run.train)
     if layout is not None:
         log.info(layout)

@@ -4,13 +4,16 @@ On the driver (train/driver.py), the one place that holds the whole training con
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
 
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.sources import is_hub_name, is_remote
+from distributed_emb.evaluation.eval_config import validate_selection
 from distributed_emb.evaluation.yardsticks import yardstick_lines
+from distributed_emb.losses.terms import weighted_terms
 from distributed_emb.model.model_card import (
     PACKAGED_MODEL_ID,
     ModelCardInfo,
@@ -22,11 +25,13 @@ from distributed_emb.model.model_card import (
     write_readme,
 )
 from distributed_emb.selection import (
+    AUTO,
     DEV_METRIC,
+    DOCUMENTS,
     STSB_DEV,
     best_row,
     describe,
-    retrieval_split,
+    documents_metric,
     selected_metric,
 )
 from distributed_emb.settings import flatten
@@ -97,21 +102,27 @@ def _corpus_name(config: TrainingConfig) -> str:
 
 
 def _method(config: TrainingConfig) -> str:
+    """What the run trained on, and each term it trained with (losses/terms.py): what the term
+    does and where it comes from; a term of weight 0 is not named."""
     if config.data.kind == "pairs":
-        return "InfoCSE-style contrastive learning on mined (anchor, positive) pairs"
-    return "InforMin-CL (unsupervised SimCSE-style contrastive learning, two dropout views)"
+        views = "(anchor, positive) pairs"
+    else:
+        views = "two dropout views of each sentence (unsupervised)"
+    terms = [
+        f"{term.name}, {term.description} [{term.citation}]" for term in weighted_terms(config.loss)
+    ]
+    return f"Trained on {views} with " + "; ".join(terms)
 
 
 def _objective(config: TrainingConfig) -> str:
+    """The weighted sum the run minimised, the terms of weight > 0 only (losses/terms.py):
+    "α = 1 × InfoNCE (τ = 0.05) + λ = 0.1 × reconstruction ‖z¹ − z²‖² (normalized_mse); …"."""
     lo = config.loss
-    terms = [f"InfoNCE (τ = {lo.temperature:g})"]
-    if lo.reconstruction_weight > 0:
-        form = lo.reconstruction_form
-        terms.append(f"λ = {lo.reconstruction_weight:g} × reconstruction ‖z¹ − z²‖² ({form})")
-    if lo.mlm_weight > 0:
-        terms.append(f"β = {lo.mlm_weight:g} × MLM (p = {lo.mlm_probability:g})")
-    negatives = "the global batch" if lo.gather_negatives else "each worker's batch"
-    return " + ".join(terms) + f"; in-batch negatives from {negatives}"
+    terms = weighted_terms(lo)
+    weighted = " + ".join(
+        f"{term.symbol} = {term.weight(lo):g} × {term.name} ({term.settings(lo)})" for term in terms
+    )
+    return "; ".join([weighted, *(term.note(lo) for term in terms if term.note is not None)])
 
 
 # Where this machine keeps things: nothing a reader of the card can use (the base model and
@@ -134,6 +145,11 @@ def _hyperparameters(config: TrainingConfig) -> dict:
 
 def _non_default(config: TrainingConfig) -> dict:
     defaults = flatten(to_dict(TrainingConfig()))
+    # eval.select_by's default (auto) is resolved for the run: what auto gives this config is
+    # its default, not a choice the user made.
+    defaults["eval.select_by"] = validate_selection(
+        dataclasses.replace(config.eval, select_by=AUTO), config.builds_documents()
+    )
     return {k: v for k, v in _hyperparameters(config).items() if v != defaults.get(k)}
 
 
@@ -151,8 +167,10 @@ def _scores(
     scores: dict[str, float] = {}
     best = _best_step(history, start_is_candidate)
     labels = {DEV_METRIC: "STS-B dev"}
-    if retrieval_split(select_by) is not None:
+    if selected_metric(select_by) != DEV_METRIC:
         labels[selected_metric(select_by)] = describe(select_by)
+    # Topic beside paraphrase: the held-out documents' dev split, whatever chose.
+    labels.setdefault(documents_metric("dev"), describe(f"{DOCUMENTS}dev"))
     for key, label in labels.items():
         dev = [r for r in history if key in r]
         if not dev:

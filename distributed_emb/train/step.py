@@ -2,11 +2,11 @@
 backward.
 
 The objective, as `embedding_objective` and `add_mlm_term` compute it:
-L = α·L_C + λ·L_R + β·L_MLM + δ·L_D + γ·L_MCR², each term in its own file of losses/
-(info_nce, reconstruction, mlm, distillation, mcr2) and its weight a `loss` setting
-(losses/loss_config.py; docs/LOSSES.md). α = 1 and δ = γ = 0 by default (InforMin-CL);
-α = 0, δ > 0 is plain distillation from a teacher; α = 0, γ > 0 fine-tunes an encoder and its
-compression head with the MCR² objective.
+L = α·L_C + λ·L_R + β·L_MLM + δ·L_D + γ·L_MCR², the sum over the rows of losses/terms.py
+`TERMS` (each term's weight, a `loss` setting, and how it is called; its math in its own file
+of losses/; docs/LOSSES.md). α = 1 and δ = γ = 0 by default (InforMin-CL); α = 0, δ > 0 is
+plain distillation from a teacher; α = 0, γ > 0 fine-tunes an encoder and its compression head
+with the MCR² objective.
 
 Kept apart from the worker's loop so the cached-gradient step (train/grad_cache.py) can replace
 `plain_step`, and so tests can call exactly what the workers run. Both steps weight each rank's
@@ -22,12 +22,8 @@ import torch
 
 from distributed_emb import distributed
 from distributed_emb.data.collate import NEGATIVE_KEYS
-from distributed_emb.losses.distillation import distillation_loss
-from distributed_emb.losses.info_nce import info_nce_loss
-from distributed_emb.losses.loss_config import LossConfig, MCR2LossConfig
-from distributed_emb.losses.mcr2 import MCR2Loss
-from distributed_emb.losses.mlm import mlm_loss
-from distributed_emb.losses.reconstruction import reconstruction_loss
+from distributed_emb.losses.loss_config import LossConfig
+from distributed_emb.losses.terms import MLM, VIEW_TERMS, Views
 
 
 def forward_objective(
@@ -36,7 +32,7 @@ def forward_objective(
     """(loss to backpropagate, metrics) for one batch (rows [0, B) first view, [B, 2B) second
     view; with hard negatives, their (B, L) block embedded in the same forward as rows
     [2B, 3B)): the loss is this rank's, weighted by rank_weight; the metrics are global means."""
-    use_mlm = weights.mlm_weight > 0 and "mlm_input_ids" in batch
+    use_mlm = MLM.weight(weights) > 0 and "mlm_input_ids" in batch
     input_ids, attention_mask = embedded_rows(batch)  # (2B or 3B, L)
     outputs = forward_module(
         input_ids,
@@ -51,7 +47,7 @@ def forward_objective(
         z1, z2, weights, batch.get("groups"), batch.get("teacher_vectors"), sizes, negatives
     )
     weight = rank_weight(sizes)
-    mlm = mlm_loss(_full_precision(logits), batch["mlm_labels"]) if use_mlm else None
+    mlm = MLM.compute(_full_precision(logits), batch["mlm_labels"]) if use_mlm else None
     loss = add_mlm_term(loss, metrics, mlm, weights)
     metrics["loss"] = loss.detach()
     return loss * weight, global_means(metrics, weight)
@@ -140,65 +136,32 @@ def embedding_objective(
     sizes: list[int] | None = None,
     negatives: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The embedding terms α·L_C + λ·L_R + δ·L_D + γ·L_MCR² on (B, d) views (`teacher_vectors`:
-    the teacher's (2B, D) vectors of the rows behind z1 then z2, needed by δ and by MCR²'s μ;
-    `groups` (B,): the rows' documents, negatives to no one in L_C, MCR²'s clusters Π;
-    `sizes`: every rank's B, where the step already gathered them, for L_C's gathers;
-    `negatives` (B, d): the rows' hard negatives, extra candidates of L_C alone: the other
-    terms read the views only); metrics stay tensors (no host sync) except MCR²'s."""
+    """The embedding terms α·L_C + λ·L_R + δ·L_D + γ·L_MCR² (losses/terms.py `VIEW_TERMS`, in
+    that order) on (B, d) views (`teacher_vectors`: the teacher's (2B, D) vectors of the rows
+    behind z1 then z2, needed by δ and by MCR²'s μ; `groups` (B,): the rows' documents,
+    negatives to no one in L_C, MCR²'s clusters Π; `sizes`: every rank's B, where the step
+    already gathered them, for L_C's gathers; `negatives` (B, d): the rows' hard negatives,
+    extra candidates of L_C alone: the other terms read the views only); metrics stay tensors
+    (no host sync) except MCR²'s. A term of weight 0 is not computed (α = 0: no gather, no
+    similarity matrix)."""
+    views = Views(z1, z2, groups, teacher_vectors, sizes, negatives)
     loss = z1.new_zeros(())
     metrics = {}
-    if weights.contrastive_weight > 0:  # α = 0: no gather, no similarity matrix
-        contrastive = info_nce_loss(
-            z1, z2, weights.temperature, weights.gather_negatives, groups, sizes, negatives
-        )
-        loss = loss + weights.contrastive_weight * contrastive
-        metrics["loss_contrastive"] = contrastive.detach()
-    if weights.reconstruction_weight > 0:
-        reconstruction = reconstruction_loss(z1, z2, weights.reconstruction_form)
-        loss = loss + weights.reconstruction_weight * reconstruction
-        metrics["loss_reconstruction"] = reconstruction.detach()
-    if weights.distill_weight > 0:
-        if teacher_vectors is None:
-            raise ValueError("loss.distill_weight > 0 but the batch has no teacher vectors")
-        distill = distillation_loss(z1, z2, teacher_vectors)
-        loss = loss + weights.distill_weight * distill
-        metrics["loss_distill"] = distill.detach()
-    if weights.mcr2_weight > 0:
-        mcr2, mcr2_metrics = mcr2_term(z1, z2, weights.mcr2, groups, teacher_vectors)
-        loss = loss + weights.mcr2_weight * mcr2
-        metrics.update({f"mcr2_{k}": z1.new_tensor(v) for k, v in mcr2_metrics.items()})
+    for term in VIEW_TERMS:
+        weight = term.weight(weights)
+        if weight > 0:
+            value, term_metrics = term.compute(views, weights)
+            loss = loss + weight * value
+            metrics.update(term_metrics)
     return loss, metrics
-
-
-def mcr2_term(
-    z1: torch.Tensor,
-    z2: torch.Tensor,
-    config: MCR2LossConfig,
-    groups: torch.Tensor | None,
-    teacher_vectors: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The MCR² loss of the compression job's heads on this worker's first view z1 (B, d):
-    clusters = the rows' groups, the pair term between the two dropout views, the teacher's
-    rows of z1 for the neighbourhood term. Per worker, like the frozen-encoder heads' batches:
-    logdets of a gathered batch would need every worker's rows with gradients; DDP averages
-    the workers' gradients, i.e. of the mean of their losses."""
-    if groups is None:
-        if config.compress_weight > 0:
-            raise ValueError("the MCR² term needs each row's group (data.group_column)")
-        groups = torch.zeros(len(z1), dtype=torch.long, device=z1.device)
-    teacher = None
-    if config.distill_weight > 0:
-        if teacher_vectors is None:
-            raise ValueError("loss.mcr2.distill_weight > 0 but the batch has no teacher vectors")
-        teacher = teacher_vectors[: len(z1)].to(z1.dtype)  # the rows behind z1
-    return MCR2Loss(config)(z1, groups, (z1, z2), teacher=teacher)
 
 
 def add_mlm_term(
     loss: torch.Tensor, metrics: dict, mlm: torch.Tensor | None, weights: LossConfig
 ) -> torch.Tensor:
-    if mlm is None or weights.mlm_weight == 0:
+    """β·L_MLM (losses/terms.py `MLM`) added to the embedding terms' `loss`; its metric too."""
+    weight = MLM.weight(weights)
+    if mlm is None or weight == 0:
         return loss
     metrics["loss_mlm"] = mlm.detach()
-    return loss + weights.mlm_weight * mlm
+    return loss + weight * mlm

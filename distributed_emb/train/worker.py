@@ -40,6 +40,7 @@ from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.model.compression_head import load_head
 from distributed_emb.model.embedder import embed_module
 from distributed_emb.model.encoder import TrainableEncoder
+from distributed_emb.model.model_card import config_position_limit
 from distributed_emb.model.model_config import ModelConfig
 from distributed_emb.selection import (
     DEV_METRIC,
@@ -452,7 +453,7 @@ def _dev_scores(
         for split, result in score_splits(encode, retrieval).items():
             scores[retrieval_metric(split)] = result["metrics"]["ndcg@10"]
     if documents:
-        limit = getattr(encoder.backbone.config, "max_position_embeddings", None) or 512
+        limit = config_position_limit(encoder.backbone.config) or e.documents_max_seq_length
         long_encode = encoder_at(min(e.documents_max_seq_length, limit))
         for split, result in score_splits(long_encode, documents).items():
             scores[documents_metric(split)] = result["metrics"]["ndcg@10"]

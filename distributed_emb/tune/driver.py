@@ -49,7 +49,7 @@ from distributed_emb.resource_plan import (
     compute_plan,
 )
 from distributed_emb.selection import SELECT_METRIC
-from distributed_emb.train.driver import build_trainer, worker_resources
+from distributed_emb.train.driver import build_trainer, train_on_documents, worker_resources
 from distributed_emb.train.worker import plan_steps
 from distributed_emb.tune.janitor import PlacementGroupJanitor
 from distributed_emb.tune.search_config import SearchJobConfig, asha_budget
@@ -345,6 +345,9 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
     started = time.time()
     paths = search_paths(config)
     base, space = config.base(), config.space()
+    # documents.paths: every trial trains on the same prepared sentences and is chosen on the
+    # same held-out documents (train/document_corpus.py).
+    base = train_on_documents(base)
 
     cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
     per_trial = resources_per_trial(base, space)
@@ -392,7 +395,7 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         )
     else:
         counter = start_drop_counter()
-        dataset = training_dataset(config.data, counter).materialize()
+        dataset = training_dataset(base.data, counter).materialize()
         report = collect_report(counter)  # complete: every block has been read
         num_rows = dataset.count()
         if base.data.max_rows is not None:

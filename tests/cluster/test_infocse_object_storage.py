@@ -184,7 +184,7 @@ def test_overlapped_annotation_mines_the_next_rounds_pairs_with_the_kept_checkpo
     callback, round 2's pairs are mined with it (exported into the bucket, read by the actors)
     while round 1 finishes, and they are exactly the pairs round 1's model mines after
     training (a single-process reference)."""
-    from distributed_emb.evaluation.document_retrieval import held_out_split
+    from distributed_emb.data.held_out import held_out_split
     from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
     from distributed_emb.infocse.pairs import read_pairs
     from distributed_emb.storage import exists, local_model_dir
@@ -221,7 +221,7 @@ def test_teacher_annotates_round_one_the_student_the_rest_held_out_documents_uns
     reference) on the training documents; no pair comes from a held-out document."""
     from transformers import AutoConfig
 
-    from distributed_emb.evaluation.document_retrieval import held_out_doc_ids
+    from distributed_emb.data.held_out import held_out_doc_ids
     from distributed_emb.infocse.annotate import AnnotationConfig, annotate_documents_locally
     from distributed_emb.infocse.pairs import read_pairs
     from distributed_emb.storage import local_model_dir

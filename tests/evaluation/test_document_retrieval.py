@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from distributed_emb.data.held_out import held_out_doc_ids
 from distributed_emb.evaluation.document_retrieval import (
     SameDocumentTask,
     evaluate_same_document,
-    held_out_doc_ids,
     same_document_ranks,
 )
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from distributed_emb.data.held_out import held_out_split
 from distributed_emb.evaluation import document_topics
 from distributed_emb.evaluation.beir import evaluate_splits
-from distributed_emb.evaluation.document_retrieval import held_out_split
 from distributed_emb.evaluation.document_topics import (
     build_topic_set,
     passages_of,

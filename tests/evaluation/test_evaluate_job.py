@@ -161,7 +161,14 @@ def test_evaluate_job_scores_a_beir_directory_alone(tiny_bert_path, tmp_path, ca
     assert "sts" not in saved and "transfer" not in saved
     test = saved["beir"]["test"]
     assert (test["n_queries"], test["n_corpus"]) == (2, 5)
-    assert list(test["metrics"]) == ["ndcg@10", "map@100", "recall@1", "recall@10", "recall@100", "mrr@10"]
+    assert list(test["metrics"]) == [
+        "ndcg@10",
+        "map@100",
+        "recall@1",
+        "recall@10",
+        "recall@100",
+        "mrr@10",
+    ]
     assert test["metrics"]["recall@10"] == 100.0  # 5 documents: all of them are hits
     assert set(test["per_query"]["ndcg@10"]) == {"q0", "q1"}
     assert saved["beir"]["dev"]["n_queries"] == 2

@@ -249,7 +249,7 @@ def test_a_round_that_fails_after_its_annotation_started_stops_the_mining_thread
         return {"stsb_dev": 80.0, "retrieval_mrr": 0.5, "retrieval_recall_at_1": 0.4}
 
     monkeypatch.setattr(rounds, "read_documents", lambda spec: SimpleNamespace(dataset=None))
-    monkeypatch.setattr(rounds, "_split_held_out", lambda dataset, config: (dataset, None))
+    monkeypatch.setattr(rounds, "_split_held_out", lambda dataset, *_: (dataset, None))
     monkeypatch.setattr(rounds, "_initial_model", lambda config, output, state: tiny_bert_path)
     monkeypatch.setattr(rounds, "_teacher", lambda config: None)
     from distributed_emb.infocse.annotate import AnnotationCounts, AnnotationResult
