@@ -150,6 +150,16 @@ def list_dirs(location: str | Path) -> list[str]:
     return [join(location, name) for name in names]
 
 
+def list_files(location: str | Path) -> list[str]:
+    """The files directly under `location`, as locations (same scheme), sorted."""
+    filesystem, path = filesystem_of(location)
+    if filesystem.get_file_info(path).type != pafs.FileType.Directory:
+        return []
+    found = filesystem.get_file_info(pafs.FileSelector(path))
+    names = sorted(info.base_name for info in found if info.type == pafs.FileType.File)
+    return [join(location, name) for name in names]
+
+
 def copy_from_storage(location: str | Path, local_dir: str | Path) -> str:
     filesystem, path = filesystem_of(location)
     Path(local_dir).mkdir(parents=True, exist_ok=True)

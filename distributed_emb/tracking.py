@@ -10,21 +10,41 @@ Sinks, all written by rank 0 of the Ray Train worker group (`logging` section of
 
 An optional sink that cannot start (package missing, no API key, server unreachable) or that
 fails later says so in one line and is dropped: tracking never stops training.
+
+With `output.storage_path` set, the run's log files also live beside its checkpoints,
+`<storage>/<run name>/logs/` (`StoredLogs`): rank 0 uploads run.log, train_log.jsonl and the
+TensorBoard files at every report and at the end, the driver its own lines while it waits;
+`<output.dir>` on each node is a local copy that may die with its node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import math
 import os
+import re
+import secrets
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from distributed_emb.config import to_dict
+from distributed_emb.console import LOG_FORMAT
 from distributed_emb.settings import flatten
+from distributed_emb.storage import (
+    copy_to_storage,
+    join,
+    list_files,
+    read_bytes,
+    read_text,
+    write_bytes,
+    write_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -220,14 +240,15 @@ def _json_default(value: Any):
     return float(value) if hasattr(value, "__float__") else str(value)
 
 
-def read_train_log(path: str | os.PathLike) -> list[dict]:
-    """The rows of a train_log.jsonl; a resumed run's repeated steps keep their last row, and
-    a torn last line (a crash mid-write) is skipped."""
-    path = Path(path)
-    if not path.is_file():
+def read_train_log(location: str | os.PathLike) -> list[dict]:
+    """The rows of a train_log.jsonl (a local path, or a file on object storage: a run's
+    `logs/train_log.jsonl`); a resumed run's repeated steps keep their last row, and a torn
+    last line (a crash mid-write) is skipped."""
+    text = read_text(location)
+    if text is None:
         return []
     rows: dict[tuple[str, int], dict] = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -235,3 +256,150 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
         if isinstance(row, dict) and "step" in row:
             rows[(row.get("kind", "train"), row["step"])] = row
     return sorted(rows.values(), key=lambda row: (row["step"], row.get("kind", "")))
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's logs on its storage path
+# ---------------------------------------------------------------------------------------------
+
+LOGS_DIR = "logs"  # <output.storage_path>/<run name>/logs/
+RUN_LOG = "run.log"
+LOG_PARTS = "parts"  # logs/parts/<role>-<start>-<pid>-<random>.log: one process's lines
+# LOG_FORMAT's asctime ("2025-01-31 12:00:00,123 "): a line that starts with one starts a record.
+_RECORD_START = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} ")
+
+
+class RecordedLines(logging.Handler):
+    """This process's log records, formatted as run.log has them, kept in memory: what it
+    uploads as its part of the run's run.log."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.lines: list[str] = []
+        self._guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:  # noqa: BLE001 - as logging's own handlers: never raise from a log call
+            self.handleError(record)
+            return
+        with self._guard:
+            self.lines.append(text + "\n")
+
+    def text(self) -> str:
+        with self._guard:
+            return "".join(self.lines)
+
+
+def merge_run_logs(texts: list[str]) -> str:
+    """One run.log from several processes' lines (the driver's and each rank 0's, across
+    attempts): records in time order, a record that several parts hold once (a driver's log
+    file that also holds rank 0's lines, on one machine). A record is a line with a timestamp
+    and the lines after it without one (a traceback)."""
+    records: list[str] = []
+    for text in texts:
+        current: list[str] = []
+        for line in text.splitlines(keepends=True):
+            if _RECORD_START.match(line) and current:
+                records.append("".join(current))
+                current = []
+            current.append(line if line.endswith("\n") else line + "\n")
+        if current:
+            records.append("".join(current))
+    unique = list(dict.fromkeys(records))
+    return "".join(sorted(unique, key=lambda record: record[:23]))  # stable: ties keep order
+
+
+class StoredLogs:
+    """A run's log files on its storage path (`<storage>/<run name>/logs/`), so that they
+    outlive the node that wrote them: `run.log` (the driver's and rank 0's lines, every
+    attempt's, in time order), `train_log.jsonl` and `tensorboard/`.
+
+    Each process that logs (the driver; rank 0 of each worker group) keeps its own lines in
+    memory and uploads them as its part (`logs/parts/`), then writes `run.log` again as the
+    merge of every part there. Rank 0 first continues the stored `train_log.jsonl` (a new node,
+    or a deleted output directory, starts from what storage holds), then uploads it and the
+    TensorBoard event files whole at each `upload`. Writes are whole-file PUTs: a reader sees
+    an older version or a newer one, never half a file."""
+
+    def __init__(
+        self,
+        location: str,
+        role: str,
+        logger: logging.Logger,
+        output_dir: str | os.PathLike | None = None,
+    ):
+        """`location`: `<storage>/<run name>/logs`. `role`: "driver" or "rank0" (the part's
+        name). `logger`: whose records are this process's lines. `output_dir`: where this
+        process writes train_log.jsonl and tensorboard/ (rank 0), or None (the driver)."""
+        self.location = location
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.part = f"{role}-{stamp}.log"
+        self.output = Path(output_dir) if output_dir is not None else None
+        self.lines = RecordedLines()
+        self.logger = logger
+        # One per logger and process: a run that failed before close() left its handler.
+        for handler in [h for h in logger.handlers if isinstance(h, RecordedLines)]:
+            logger.removeHandler(handler)
+        logger.addHandler(self.lines)
+
+    def continue_stored(self) -> None:
+        """Make the local train_log.jsonl continue the stored one: a local file that is not
+        an extension of it (absent: another node, a deleted directory) is replaced by it."""
+        if self.output is None:
+            return
+        stored = read_bytes(join(self.location, TRAIN_LOG))
+        local = self.output / TRAIN_LOG
+        if stored is None or (local.is_file() and local.read_bytes().startswith(stored)):
+            return
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(stored)
+
+    def upload(self) -> None:
+        """This process's lines, the merged run.log and (rank 0) train_log.jsonl and the
+        TensorBoard files, written to storage now. A failure is one line: the run goes on."""
+        try:
+            self._upload()
+        except Exception as error:  # noqa: BLE001 - storage trouble never stops training
+            log.warning("could not write the run's logs to %s: %s", self.location, _one_line(error))
+
+    def _upload(self) -> None:
+        parts = join(self.location, LOG_PARTS)
+        write_text(join(parts, self.part), self.lines.text())
+        if self.output is not None:
+            train_log = self.output / TRAIN_LOG
+            if train_log.is_file():
+                write_bytes(join(self.location, TRAIN_LOG), train_log.read_bytes())
+            events = self.output / TENSORBOARD_DIR
+            if events.is_dir() and any(events.iterdir()):
+                copy_to_storage(events, join(self.location, TENSORBOARD_DIR))
+        texts = [read_text(part) or "" for part in list_files(parts)]
+        write_text(join(self.location, RUN_LOG), merge_run_logs(texts))
+
+    def close(self) -> None:
+        """The last upload; the handler leaves the logger."""
+        self.upload()
+        self.logger.removeHandler(self.lines)
+
+    @contextlib.contextmanager
+    def every(self, seconds: float) -> Iterator[None]:
+        """Upload now, every `seconds` in a background thread while the block runs (the
+        driver, waiting in trainer.fit: its lines are on storage if the job is killed), and
+        once more at its end."""
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(seconds):
+                self.upload()
+
+        self.upload()
+        thread = threading.Thread(target=loop, name="stored-logs", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self.upload()

@@ -1,18 +1,27 @@
-"""Mine hard negatives from an embedding output, without labels: each row's most similar other
-rows that are not near-duplicates of it, from other documents.
+"""Mine hard negatives from embedding outputs: for labelled (anchor, positive) pairs, each
+anchor's most similar corpus texts outside a margin of its positive's score; without labels,
+each row's most similar other rows that are not near-duplicates of it, from other documents.
 
-    python jobs/mine_negatives.py OUT --output DIR [--num-negatives 3] [--range-min 0] \
-        [--range-max 30] [--relative-margin 0.05] [--exact] [key=value ...]
+    python jobs/mine_negatives.py OUT --output DIR [--anchors A_OUT] [--num-negatives 3] \
+        [--range-min 0] [--range-max 30] [--relative-margin 0.05] [--absolute-margin M] \
+        [--exact] [key=value ...]
 
 OUT is what the embed job wrote (manifest.json, shards/ with a text column, and index/ from
-its --index, unless --exact). Every row is an anchor: its range_max nearest other rows are the
-candidates; those from its own document (document corpora), with its exact text, or with a
-similarity ≥ (1 − relative_margin) (its own second view scores 1.0) are dropped; the first
-range_min that remain are skipped and the next num_negatives kept (sentence-transformers'
-mine_hard_negatives settings, "top" sampling). A Ray Data pass, one task per shard, writes
-DIR/negatives/part-*.parquet (id, text, negative, negative_id, negative_score: one row per
-negative) and DIR/summary.json (anchors, negatives, anchors without a negative, what each
-filter removed). Every setting: --help; see vectors/hard_negatives.py.
+its --index, unless --exact). Pairs: embed a pair table twice, its positive column into OUT
+(data.text_column=positive --index) and its anchor column into A_OUT (data.text_column=anchor),
+and pass --anchors A_OUT: every positive is a candidate of every anchor, the anchor's own
+positives are dropped, and the margins are measured against anchor · positive. Unlabelled
+(no --anchors): every row of OUT is an anchor, its positive its own second view (score 1.0),
+and candidates from its own document (document corpora) are dropped. Then, as
+sentence-transformers' mine_hard_negatives ("top" sampling): candidates with the anchor's text
+or within a margin of the positive's score are dropped, the first range_min that remain are
+skipped and the next num_negatives kept. A Ray Data pass, one task per anchors' shard, writes
+DIR/negatives/part-*.parquet, one row per negative: pairs (id, anchor, positive, negative,
+negative_id, positive_score, negative_score), read by training with data.kind=pairs
+data.negative_column=negative; unlabelled (id, text, negative, negative_id, negative_score),
+read with data.negative_column=negative; and DIR/summary.json (anchors, negatives, anchors
+without a negative, what each filter removed). Every setting: --help; see
+vectors/hard_negatives.py.
 """
 
 from __future__ import annotations
@@ -25,8 +34,8 @@ from distributed_emb.vectors.mining_config import MiningConfig
 
 
 def check(config: MiningConfig) -> None:
-    """Before Ray starts: the manifest, a text column, the index (unless --exact), and an
-    output directory without earlier negatives."""
+    """Before Ray starts: the manifests (the anchors' with the same model and corpus), a text
+    column, the index (unless --exact), and an output directory without earlier negatives."""
     from distributed_emb.vectors.hard_negatives import check_inputs
 
     check_inputs(config)
@@ -36,11 +45,17 @@ def run(config: MiningConfig) -> int:
     from distributed_emb.vectors.hard_negatives import mine_hard_negatives
 
     summary = mine_hard_negatives(config)
+    without_positive = (
+        f", {summary['pairs_without_positive']} of them pairs without a positive in "
+        f"{config.embeddings}"
+        if config.anchors is not None
+        else ""
+    )
     print(
         f"{summary['negatives']} negatives for {summary['anchors']} anchors "
-        f"({summary['anchors_without_negative']} anchors got none, "
+        f"({summary['anchors_without_negative']} anchors got none{without_positive}, "
         f"{summary['anchors_with_fewer']} fewer than {config.num_negatives}); removed inside "
-        f"the window: {summary['removed_by_margin']} by the margin, "
+        f"the window: {summary['removed_by_margin']} by the margins, "
         f"{summary['removed_same_document']} from the anchor's document, "
         f"{summary['removed_same_text']} with its text"
     )
@@ -59,11 +74,21 @@ JOB = Job(
     log_dir=lambda config: None if is_remote(config.output.dir) else config.output.dir,
     flags=(
         Flag("embeddings", "the embedding output directory OUT", key="embeddings"),
+        Flag("--anchors", "pairs: the output of the pair table's anchor column", key="anchors"),
         Flag("--num-negatives", "negatives per anchor", key="num_negatives", type=int),
         Flag("--range-min", "passing candidates skipped first", key="range_min", type=int),
         Flag("--range-max", "nearest other rows taken as candidates", key="range_max", type=int),
         Flag(
-            "--relative-margin", "keep similarity < (1 - margin)", key="relative_margin", type=float
+            "--relative-margin",
+            "keep similarity <= positive - |positive| * margin",
+            key="relative_margin",
+            type=float,
+        ),
+        Flag(
+            "--absolute-margin",
+            "keep similarity + margin <= positive",
+            key="absolute_margin",
+            type=float,
         ),
         Flag("--exact", "exact neighbours (a scan) instead of the index", key="exact", const=True),
     ),

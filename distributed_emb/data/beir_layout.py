@@ -49,6 +49,22 @@ class RetrievalSplit:
     qrels: dict[str, dict[str, int]]
 
 
+# --- writing (the sets the package builds: evaluation/news_retrieval.py, document_topics.py) --
+
+QRELS_HEADER = "query-id\tcorpus-id\tscore"
+
+
+def jsonl_text(records: list[dict]) -> str:
+    """corpus.jsonl / queries.jsonl: one JSON object a line, UTF-8 as is."""
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def qrels_text(judged: dict[str, dict[str, int]]) -> str:
+    """qrels/<split>.tsv: the header, then one (query, document, grade) row a judgement."""
+    rows = [f"{q}\t{d}\t{g}" for q, documents in judged.items() for d, g in documents.items()]
+    return "\n".join([QRELS_HEADER, *rows]) + "\n"
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 

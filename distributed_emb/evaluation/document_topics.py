@@ -32,7 +32,6 @@ Deterministic: the same documents and settings write the same files, byte for by
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from collections import Counter
@@ -40,12 +39,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distributed_emb.data.beir_layout import jsonl_text, qrels_text
 from distributed_emb.data.held_out import HeldOutConfig, held_out_split
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("dev", "test")
-QRELS_HEADER = "query-id\tcorpus-id\tscore"
 PASSAGE_SEPARATOR = "#"
 # The shipped example is held out as InfoCSE's default run holds its documents out.
 SHIPPED = HeldOutConfig()
@@ -115,15 +114,6 @@ def build_topic_set(
     return built
 
 
-def _jsonl(records: list[dict]) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-
-
-def _qrels_tsv(judged: dict[str, dict[str, int]]) -> str:
-    rows = [f"{q}\t{d}\t{g}" for q, docs in judged.items() for d, g in docs.items()]
-    return "\n".join([QRELS_HEADER, *rows]) + "\n"
-
-
 def write_topic_set(
     built: TopicSet, directory: str | os.PathLike, provenance: Mapping[str, object]
 ) -> str:
@@ -139,13 +129,13 @@ def write_topic_set(
     (out / "qrels").mkdir(parents=True, exist_ok=True)
     queried = {q for judged in built.qrels.values() for q in judged}
     files = {
-        "corpus.jsonl": _jsonl(
+        "corpus.jsonl": jsonl_text(
             [{"_id": i, "title": "", "text": t} for i, t in built.passages.items()]
         ),
-        "queries.jsonl": _jsonl(
+        "queries.jsonl": jsonl_text(
             [{"_id": i, "text": t} for i, t in built.passages.items() if i in queried]
         ),  # fmt: skip
-        **{f"qrels/{s}.tsv": _qrels_tsv(q) for s, q in built.qrels.items() if q},
+        **{f"qrels/{s}.tsv": qrels_text(q) for s, q in built.qrels.items() if q},
         "README.md": readme(built, provenance),
     }
     for name, text in files.items():

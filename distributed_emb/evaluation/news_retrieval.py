@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 from scipy import sparse
 
+from distributed_emb.data.beir_layout import jsonl_text, qrels_text
 from distributed_emb.errors import UserInputError
 from distributed_emb.evaluation.senteval_data import (
     normalise_sentence,
@@ -60,7 +61,6 @@ GRADE_1_MIN_SCORE = 3.0
 NEAR_DUPLICATE_JACCARD = 0.7
 QUERY_SPLITS = ("dev", "test")  # the qrels splits, each from the STS-B file of its name
 DISTRACTOR_SPLIT = "train"
-QRELS_HEADER = "query-id\tcorpus-id\tscore"
 
 
 class NewsRetrievalError(UserInputError):
@@ -254,15 +254,6 @@ def news_distractors(
     }
 
 
-def _jsonl(records: list[dict]) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-
-
-def _qrels_tsv(judged: dict[str, dict[str, int]]) -> str:
-    rows = [f"{q}\t{d}\t{g}" for q, documents in judged.items() for d, g in documents.items()]
-    return "\n".join([QRELS_HEADER, *rows]) + "\n"
-
-
 def build_news_retrieval(
     senteval_dir: str | os.PathLike,
     lee_documents_path: str | os.PathLike,
@@ -278,11 +269,11 @@ def build_news_retrieval(
     out = Path(output_dir)
     (out / "qrels").mkdir(parents=True, exist_ok=True)
     files = {
-        "corpus.jsonl": _jsonl(
+        "corpus.jsonl": jsonl_text(
             [{"_id": i, "title": "", "text": t} for i, t in built.corpus.items()]
         ),
-        "queries.jsonl": _jsonl([{"_id": i, "text": t} for i, t in built.queries.items()]),
-        **{f"qrels/{split}.tsv": _qrels_tsv(q) for split, q in built.qrels.items()},
+        "queries.jsonl": jsonl_text([{"_id": i, "text": t} for i, t in built.queries.items()]),
+        **{f"qrels/{split}.tsv": qrels_text(q) for split, q in built.qrels.items()},
         "README.md": readme(built, {**query_pairs, DISTRACTOR_SPLIT: train_pairs}),
     }
     for name, text in files.items():

@@ -1,9 +1,11 @@
 """Both yardsticks of an exported model against the given model, on test splits, with paired
-intervals: paraphrase (STS-B test: "does this sentence say the same thing?") and topic (the
-held-out documents' test split, evaluation/document_topics.py: "is this passage about the
-same thing?"). The two can move in opposite directions, so every run reports both, in one
-line each, and says so in one line when its export is below the given model on topic beyond
-the interval (:func:`topic_loss_line`), as it says when it hands back the given model.
+intervals: paraphrase ("does this sentence say the same thing?": STS-B test, SICK-R where
+eval.senteval_dir holds it, and the test split of eval.retrieval_dir, e.g. the shipped news
+set) and topic (the held-out documents' test split, evaluation/document_topics.py: "is this
+passage about the same thing?"). The two can move in opposite directions, so every run
+reports both, one line each, and says so in one line when its export is below the given model
+on topic beyond the interval (:func:`topic_loss_line`), as it says when it hands back the
+given model.
 
 Used by the training job's metrics.json and console (train/driver.py) and InfoCSE's
 rounds.json (infocse/rounds.py); the card carries the same lines.
@@ -23,7 +25,7 @@ from distributed_emb.evaluation.paired_bootstrap import (
     paired_mean_difference,
     paired_spearman_difference,
 )
-from distributed_emb.evaluation.senteval_data import SentEvalDataError
+from distributed_emb.evaluation.senteval_data import SentEvalDataError, read_sick_relatedness
 from distributed_emb.evaluation.sts import read_stsb, sts_cosines
 
 log = logging.getLogger(__name__)
@@ -41,42 +43,62 @@ TEST = "test"
 def compare_with_given(
     given_model: str, exported_model: str, e: EvalConfig, encoder_for: EncoderFactory
 ) -> dict:
-    """{"paraphrase": {"stsb_test": D}, "topic": {"documents_test": {metric: D}}} with each D a
-    PairedDifference.as_dict() (exported − given); a yardstick whose data is absent is left
-    out and logged. The given model is encoded the same way as the export."""
-    out: dict[str, dict] = {}
-    try:
-        stsb = read_stsb(TEST, e.senteval_dir)
-    except SentEvalDataError as error:
-        log.warning("no STS-B test yardstick: %s", error)
-    else:
-        given, exported = (
-            sts_cosines(encoder_for(model, None), stsb) for model in (given_model, exported_model)
-        )
-        out[PARAPHRASE] = {
-            "stsb_test": paired_spearman_difference(stsb.scores, given, exported).as_dict()
-        }
+    """{"paraphrase": {"stsb_test": D, "sickr_test": D, "retrieval_test": {metric: D}},
+    "topic": {"documents_test": {metric: D}, ...}} with each D a PairedDifference.as_dict()
+    (exported − given); a yardstick whose data is absent is left out (STS-B test, logged). The
+    given model is encoded the same way as the export."""
+    models = (given_model, exported_model)
+    paraphrase: dict[str, dict] = {}
+    readers = {
+        "stsb_test": lambda: read_stsb(TEST, e.senteval_dir),
+        "sickr_test": lambda: read_sick_relatedness(e.senteval_dir, TEST),
+    }
+    for key, read in readers.items():
+        if key == "sickr_test" and e.senteval_dir is None:
+            continue  # the shipped SentEval copy holds STS-B alone
+        try:
+            data = read()
+        except (SentEvalDataError, FileNotFoundError) as error:
+            log.warning("no %s yardstick: %s", key, error)
+            continue
+        given, exported = (sts_cosines(encoder_for(model, None), data) for model in models)
+        paraphrase[key] = paired_spearman_difference(data.scores, given, exported).as_dict()
+    if e.retrieval_dir is not None:
+        from distributed_emb.data.beir_layout import list_splits
+        from distributed_emb.storage import local_model_dir
+
+        directory = local_model_dir(e.retrieval_dir)
+        if TEST in list_splits(directory):
+            runs = [evaluate_splits(encoder_for(m, None), directory, [TEST])[TEST] for m in models]
+            paraphrase["retrieval_test"] = _paired_metrics(*runs)
+            paraphrase["retrieval_dir"] = e.retrieval_dir
+    out: dict[str, dict] = {PARAPHRASE: paraphrase} if paraphrase else {}
     if e.documents_dir is not None:
         from distributed_emb.storage import local_model_dir
 
         directory = local_model_dir(e.documents_dir)
-        given, exported = (
-            evaluate_splits(encoder_for(model, passage_length(e, model)), directory, [TEST])
-            for model in (given_model, exported_model)
-        )
-        per_query_given, per_query_exported = given[TEST]["per_query"], exported[TEST]["per_query"]
+        runs = [
+            evaluate_splits(encoder_for(m, passage_length(e, m)), directory, [TEST])[TEST]
+            for m in models
+        ]
         out[TOPIC] = {
-            "documents_test": {
-                metric: paired_mean_difference(
-                    [per_query_given[metric][q] for q in per_query_given[metric]],
-                    [per_query_exported[metric][q] for q in per_query_given[metric]],
-                ).as_dict()
-                for metric in (TOPIC_METRIC, "recall@1", "recall@10", "mrr@10")
-            },
-            "n_queries": given[TEST]["n_queries"],
+            "documents_test": _paired_metrics(*runs),
+            "n_queries": runs[0]["n_queries"],
             "documents_dir": e.documents_dir,
         }
     return out
+
+
+def _paired_metrics(given: dict, exported: dict) -> dict[str, dict]:
+    """Each retrieval metric of two runs of one split, exported − given, the queries paired."""
+    per_given, per_exported = given["per_query"], exported["per_query"]
+    return {
+        metric: paired_mean_difference(
+            [per_given[metric][q] for q in per_given[metric]],
+            [per_exported[metric][q] for q in per_given[metric]],
+        ).as_dict()
+        for metric in (TOPIC_METRIC, "recall@1", "recall@10", "mrr@10")
+    }
 
 
 def passage_length(e: EvalConfig, model_dir: str) -> int:
@@ -93,9 +115,14 @@ def yardstick_lines(compared: dict) -> list[str]:
     """One line per yardstick: the given model's score, the export's, the difference and its
     interval (``*``: it excludes 0)."""
     lines = []
-    if PARAPHRASE in compared:
-        d = PairedDifference.from_dict(compared[PARAPHRASE]["stsb_test"])
-        lines.append(f"paraphrase:       STS-B test Spearman {_move(d)}")
+    paraphrase = compared.get(PARAPHRASE, {})
+    for key, what in (("stsb_test", "STS-B test Spearman"), ("sickr_test", "SICK-R Spearman")):
+        if key in paraphrase:
+            d = PairedDifference.from_dict(paraphrase[key])
+            lines.append(f"paraphrase:       {what} {_move(d)}")
+    if "retrieval_test" in paraphrase:
+        d = PairedDifference.from_dict(paraphrase["retrieval_test"][TOPIC_METRIC])
+        lines.append(f"paraphrase:       {paraphrase['retrieval_dir']} test nDCG@10 {_move(d)}")
     if TOPIC in compared:
         d = PairedDifference.from_dict(compared[TOPIC]["documents_test"][TOPIC_METRIC])
         lines.append(

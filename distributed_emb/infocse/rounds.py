@@ -349,7 +349,7 @@ def _run_rounds(config: InfoCSEConfig, output: Path, sinks: MetricsSinks) -> lis
             f"sentences (heldout.fraction={config.heldout.fraction} of {config.documents.paths}); "
             "raise heldout.fraction or choose rounds by stsb_dev"
         )
-    if _selection_field(config).startswith("documents_") and _documents_dir(heldout) is None:
+    if documents_split(config.training.eval.select_by) and _documents_dir(heldout) is None:
         raise ValueError(
             f"eval.select_by={config.training.eval.select_by}: no held-out document has 2 "
             f"passages (heldout.fraction={config.heldout.fraction} of {config.documents.paths}); "
@@ -975,8 +975,9 @@ def _print_row(record: RoundRecord, sinks: MetricsSinks) -> None:
 
 def rounds_panels(records: list[RoundRecord]) -> list[Panel]:
     """The plot's charts, against the round (0: the initial model): STS-B dev, retrieval
-    MRR and R@1 on the STS-B dev retrieval set, and the pairs mined. InfoCSE++'s supervised
-    steps are their own lines."""
+    MRR and R@1 on the STS-B dev retrieval set, the pairs mined, and on the held-out
+    documents same-document retrieval and the document-level yardstick (topic). InfoCSE++'s
+    supervised steps are their own lines."""
     unsupervised = [r for r in records if r.stage != "supervised"]
     supervised = [r for r in records if r.stage == "supervised"]
 
@@ -1007,6 +1008,13 @@ def rounds_panels(records: list[RoundRecord]) -> list[Panel]:
             "R@10": points(unsupervised, "heldout_recall_at_10"),
         }
         panels.append(Panel("held-out documents: same-document retrieval", "round", held,
+                            xticks=rounds))  # fmt: skip
+    if any(r.documents_dev_ndcg_at_10 is not None for r in unsupervised):
+        topic = {
+            "dev": points(unsupervised, "documents_dev_ndcg_at_10"),
+            "test": points(unsupervised, "documents_test_ndcg_at_10"),
+        }
+        panels.append(Panel("held-out documents: topic nDCG@10", "round", topic,
                             xticks=rounds))  # fmt: skip
     return panels
 

@@ -10,6 +10,7 @@ then exports the best checkpoint and writes metrics.json.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -59,11 +60,12 @@ from distributed_emb.selection import (
     is_given_model,
     scored_splits,
 )
-from distributed_emb.storage import copy_to_storage, run_uri
+from distributed_emb.storage import copy_to_storage, join, run_uri
 from distributed_emb.storage_paths import require_writable
+from distributed_emb.tracking import LOGS_DIR, TRAIN_LOG, StoredLogs
 from distributed_emb.train.checkpointing import STATE_FILE, LoopState, load_encoder_weights
 from distributed_emb.train.document_corpus import TEXT_COLUMN, prepare_documents
-from distributed_emb.train.resolved_run import resolve_run
+from distributed_emb.train.resolved_run import failures_line, resolve_run
 from distributed_emb.train.run_card import card_info, finalize_export
 from distributed_emb.train.run_identity import (
     check_resumed_stream,
@@ -239,13 +241,15 @@ def build_trainer(
     run_name: str | None = None,
     callbacks: list | None = None,
     worker_cpus: float | None = None,
+    stored_logs: str | None = None,
 ):
     """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
     callbacks such as TuneReportCallback). `stream`: what the run trains on
     (data/training_stream.py; its source goes to the workers, which read their rows from it,
     or whose rank 0 starts the feeder for a streamed corpus). `worker_cpus`: each
     worker's CPU reservation from the resource plan (resource_plan.py), when it lowered
-    `train.cpus_per_worker`."""
+    `train.cpus_per_worker`. `stored_logs`: the run's `logs/` on its storage path, which rank
+    0 keeps up to date (run_training's StoredLogs; None: the local files only)."""
     config = resolve_run(config)  # a Tune trial's, or a bench's, resolved here
     train = config.train
     storage = config.output.storage_path or str(Path(config.output.dir).resolve() / "ray_results")
@@ -256,6 +260,7 @@ def build_trainer(
             "num_rows": stream.rows,
             "source": stream.source,
             "stream": stream.identity(batch_plan(config.data, train.global_batch)),
+            "stored_logs": stored_logs,
         },
         scaling_config=ScalingConfig(
             # [min, max]: Ray Train's elastic worker group.
@@ -265,7 +270,7 @@ def build_trainer(
             resources_per_worker=worker_resources(config, worker_cpus),
         ),
         run_config=RunConfig(
-            name=run_name or resolve_run_name(config.output),
+            name=run_name or resolve_run_name(config),
             storage_path=storage,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=config.output.checkpoints_to_keep,
@@ -345,6 +350,10 @@ def run_training(
     # From here on the settings are what the run uses, decided once and frozen.
     config = resolve_run(config)
     output = Path(config.output.dir)
+    # With a storage path, the run's logs live beside its checkpoints (tracking.StoredLogs):
+    # this process's lines from here on, rank 0's at every evaluation.
+    stored = _stored_logs(config)
+    log.info(failures_line(config))
     check_teacher(
         config.model, config.loss
     )  # a distillation teacher that cannot serve fails before Ray Train
@@ -360,9 +369,15 @@ def run_training(
     check_resumed_stream(config.output, run_name, stream.identity(plan))
     # Fit or fail before Ray Train is asked for anything (the table is in the log either way).
     trainer = build_trainer(
-        config, stream, run_name, callbacks=callbacks, **planned_worker_cpus(config)
+        config,
+        stream,
+        run_name,
+        callbacks=callbacks,
+        stored_logs=stored.location if stored is not None else None,
+        **planned_worker_cpus(config),
     )
-    result = _fit_watched(trainer, config)
+    with stored.every(DRIVER_LOG_UPLOAD_S) if stored is not None else contextlib.nullcontext():
+        result = _fit_watched(trainer, config)
     if result.error is not None:
         raise result.error
     corpus_report = stream.corpus_report()
@@ -424,18 +439,40 @@ def run_training(
         # The card gets the run's final numbers (corpus size, STS-B test, the serving
         # backends); pushes if asked.
         finalize_export(model_dir, config, metrics)
-    write_run_plots(output, history, output / "train_log.jsonl")
+    # The curves from the checkpoint's history and rank 0's train_log.jsonl as storage holds
+    # it (on a cluster rank 0 wrote its local copy on another node, which may be gone).
+    train_log = join(stored.location, TRAIN_LOG) if stored is not None else output / TRAIN_LOG
+    plot = write_run_plots(output, history, train_log)
     if config.output.storage_path:
-        # The model and metrics live beside the checkpoints, not only on this node's disk.
+        # The model, plots and metrics live beside the checkpoints, not only on this node.
         remote = run_uri(config.output.storage_path, run_name)
         if model_dir is not None:
             metrics["model_uri"] = copy_to_storage(model_dir, f"{remote}/model")
+        if plot is not None:
+            copy_to_storage(plot, join(remote, Path(plot).name))
         metrics["metrics_uri"] = f"{remote}/metrics.json"
+        metrics["logs_uri"] = stored.location
     # Atomic: a run killed here leaves the previous metrics.json, never a truncated one.
     write_text_atomic(output / "metrics.json", json.dumps(metrics, indent=2, default=str))
     if config.output.storage_path:
         copy_to_storage(output / "metrics.json", metrics["metrics_uri"])
+    if stored is not None:
+        stored.close()  # the driver's last lines, and run.log merged once more
     return TrainingResult(model_dir, metrics["best_checkpoint"], metrics)
+
+
+# While trainer.fit() runs, the driver's own lines reach storage this often (rank 0's at every
+# evaluation): a job killed mid-run leaves what it logged up to then.
+DRIVER_LOG_UPLOAD_S = 30.0
+
+
+def _stored_logs(config: TrainingConfig) -> StoredLogs | None:
+    """`<storage>/<run name>/logs` collecting this process's log lines (every logger: Ray
+    Train's included, as run.log has them); None without output.storage_path."""
+    if not config.output.storage_path:
+        return None
+    location = join(run_uri(config.output.storage_path, resolve_run_name(config)), LOGS_DIR)
+    return StoredLogs(location, "driver", logging.getLogger())
 
 
 def train_on_documents(config: TrainingConfig) -> TrainingConfig:

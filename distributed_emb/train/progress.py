@@ -18,7 +18,10 @@ Where the lines go (rank 0 only; the other ranks stay silent):
   sees its records; rank 0 adds its own append-mode handler for the same file, and the file
   carries the driver's and rank 0's lines in time order (same format). On a cluster rank 0's
   lines land in `<output.dir>/run.log` on *its* node, which may not be the driver's;
-- `<output.dir>/train_log.jsonl`, TensorBoard and the optional trackers (distributed_emb.tracking).
+- `<output.dir>/train_log.jsonl`, TensorBoard and the optional trackers (distributed_emb.tracking);
+- with `output.storage_path`, all of the above on storage too, `<storage>/<run name>/logs/`
+  (tracking.StoredLogs): uploaded at every evaluation and at the end, continued by the rank 0
+  of a restarted group on whatever node it lands.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 from ray.experimental.tqdm_ray import tqdm
 
 from distributed_emb.console import LOG_FORMAT
-from distributed_emb.tracking import MetricsSinks
+from distributed_emb.tracking import MetricsSinks, StoredLogs
 
 log = logging.getLogger("distributed_emb.train")
 
@@ -67,6 +70,7 @@ class ProgressLog:
         if enabled and output_dir is not None:
             self._handlers = _attach_run_log(Path(output_dir) / RUN_LOG)
         self.sinks = sinks if enabled and sinks is not None else MetricsSinks([])
+        self.stored: StoredLogs | None = None  # the run's logs on its storage path (for_worker)
         self.bar = None
         if enabled and show_bar:
             self.bar = tqdm(total=total_steps, desc="train", unit="step")
@@ -74,10 +78,18 @@ class ProgressLog:
                 self.bar.update(start_step)
 
     @classmethod
-    def for_worker(cls, config, total_steps: int, rank: int, start_step: int = 0) -> ProgressLog:
+    def for_worker(
+        cls,
+        config,
+        total_steps: int,
+        rank: int,
+        start_step: int = 0,
+        stored_logs: str | None = None,
+    ) -> ProgressLog:
         """Rank 0's logger with run.log and the sinks of `config.logging` in `config.output.dir`
         (an absolute path set by the driver: a relative one would land in the worker's working
-        directory); other ranks get a silent one."""
+        directory); other ranks get a silent one. `stored_logs`: the run's `logs/` on its
+        storage path, which rank 0 continues and keeps up to date (None: local files only)."""
         enabled = rank == 0
         output_dir = Path(config.output.dir) if enabled else None
         progress = cls(
@@ -89,6 +101,11 @@ class ProgressLog:
             start_step=start_step,
             show_bar=show_progress_bar(config.logging.progress_bar),
         )
+        if enabled and stored_logs is not None:
+            progress.stored = StoredLogs(
+                stored_logs, "rank0", logging.getLogger(_RUN_LOGGER), output_dir
+            )
+            progress.stored.continue_stored()  # before the JSONL sink appends to it
         if enabled:  # after run.log is attached, so a sink that cannot start says so there too
             progress.sinks = MetricsSinks.open(config, output_dir)
         return progress
@@ -227,11 +244,16 @@ class ProgressLog:
             )
             self.sinks.log(step, metrics if metrics is not None else {"stsb_dev_spearman": score},
                            "eval")  # fmt: skip
+            if self.stored is not None:  # every evaluation: the logs so far on storage
+                self.stored.upload()
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         self.sinks.close()
+        if self.stored is not None:
+            self.stored.close()
+            self.stored = None
         logger = logging.getLogger(_RUN_LOGGER)
         for handler in self._handlers:
             logger.removeHandler(handler)

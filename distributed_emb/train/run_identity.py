@@ -24,7 +24,6 @@ import logging
 import os
 import posixpath
 import shutil
-import time
 from pathlib import Path
 
 from pyarrow import fs as pafs
@@ -191,15 +190,21 @@ def check_resumed_stream(output: OutputConfig, run_name: str, stream: dict) -> N
 # ---------------------------------------------------------------------------------------------
 
 
-def resolve_run_name(output: OutputConfig) -> str:
+def resolve_run_name(config: TrainingConfig) -> str:
     """output.run_name; else "train" inside the output directory's own ray_results (one run
-    per output directory, so an interrupted run resumes); else, on shared storage, a name no
-    other run has (output.run_name is what makes such a run resumable)."""
+    per output directory, so an interrupted run resumes); else, on shared storage,
+    `train-<the first 12 hex digits of the run's fingerprint>`: the same command with the same
+    settings names the same run (a re-submission resumes it), other settings another run."""
+    output = config.output
     if output.run_name:
         return output.run_name
     if output.storage_path is None:
         return DEFAULT_RUN_NAME
-    return f"{DEFAULT_RUN_NAME}-{int(time.time())}"
+    return derived_run_name(to_dict(config))
+
+
+def derived_run_name(config_tree: dict) -> str:
+    return f"{DEFAULT_RUN_NAME}-{fingerprint(config_tree)[:12]}"
 
 
 def prepare_run(config: TrainingConfig, dry_run: bool = False) -> str:
@@ -209,7 +214,7 @@ def prepare_run(config: TrainingConfig, dry_run: bool = False) -> str:
     `dry_run`: check only, delete nothing (the command line, before Ray starts).
     """
     mode = config.output.resume
-    run_name = resolve_run_name(config.output)
+    run_name = resolve_run_name(config)
     output = Path(config.output.dir)
     results = [name for name in RESULT_FILES if (output / name).exists()]
     filesystem, run_dir, shown = run_location(config.output, run_name)
@@ -233,6 +238,8 @@ def prepare_run(config: TrainingConfig, dry_run: bool = False) -> str:
                 f"to continue; drop --resume to start it, or check output.run_name and "
                 f"output.storage_path"
             )
+        if not dry_run and not config.output.run_name and config.output.storage_path:
+            _say_how_it_differs(config, run_name)
         return run_name
 
     stored = stored_identity(filesystem, checkpoint)
@@ -265,6 +272,41 @@ def prepare_run(config: TrainingConfig, dry_run: bool = False) -> str:
         f"with the new settings, --overwrite (output.resume=overwrite) to delete it, or choose "
         f"another output.run_name"
     )
+
+
+def _say_how_it_differs(config: TrainingConfig, run_name: str) -> None:
+    """A new run under a derived name (train-<fingerprint>) beside earlier derived runs on the
+    same storage: name the keys in which it differs from the latest of them, so that a
+    re-submission meant to resume, but with a setting changed, says so instead of starting
+    over quietly."""
+    storage = config.output.storage_path
+    if "://" in storage:
+        filesystem, root = pafs.FileSystem.from_uri(storage)
+    else:
+        filesystem, root = pafs.LocalFileSystem(), os.path.abspath(storage)
+    try:
+        entries = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except OSError:
+        return
+    latest = []
+    for entry in entries:
+        name = posixpath.basename(entry.path)
+        if entry.type == pafs.FileType.Directory and name.startswith(f"{DEFAULT_RUN_NAME}-"):
+            checkpoint = latest_checkpoint(filesystem, entry.path)
+            if checkpoint is not None and name != run_name:
+                latest.append((posixpath.basename(checkpoint), name, checkpoint))
+    if not latest:
+        return
+    _, name, checkpoint = max(latest)
+    stored = stored_identity(filesystem, checkpoint)
+    if stored is None:
+        return
+    changes = differences(stored.get("settings", {}), identity(to_dict(config)))
+    log.warning(
+        "starting run %r; the latest run on %s, %r, has other settings: %s (set "
+        "output.run_name=%s to continue that one: --resume-anyway with the new settings)",
+        run_name, storage, name, ", ".join(changes) or "fingerprint differs", name,
+    )  # fmt: skip
 
 
 def _delete_earlier_run(filesystem, run_dir: str, shown: str, output: Path, results) -> None:

@@ -136,14 +136,16 @@ class TrainLoopConfig:
         int | None,
         Field(ge=1, description="torch threads per worker; null: cpus_per_worker, rounded up"),
     ] = None
+    # Resolved by train/resolved_run.py (resolve_max_failures) before the run starts.
     max_failures: Annotated[
-        int,
+        int | None,
         Field(
             ge=-1,
             description="worker-group restarts from the last checkpoint before the run fails "
-            "(-1: unlimited)",
+            "(-1: unlimited); null: auto, 3 on a cluster (RAY_ADDRESS / ray.address) or with "
+            "s3:// / gs:// output.storage_path, 0 on one machine",
         ),
-    ] = 0
+    ] = None
     report_steps: Annotated[
         int | None,
         Field(

@@ -178,7 +178,11 @@ class WorkerRun:
             self.world,
         )
         self.progress = ProgressLog.for_worker(
-            config, self.total_steps, self.rank, start_step=self.state.step
+            config,
+            self.total_steps,
+            self.rank,
+            start_step=self.state.step,
+            stored_logs=loop_config.get("stored_logs"),
         )
         self.truncated_since_report = torch.zeros((), dtype=torch.long, device=self.device)
 

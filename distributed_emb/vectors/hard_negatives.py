@@ -1,31 +1,55 @@
-"""Label-free hard-negative mining over an embedding output: every row is an anchor, and its
-negatives are the most similar other rows that are unlikely to be positives.
+"""Hard-negative mining over embedding outputs, in the vocabulary and order of operations of
+sentence-transformers' `mine_hard_negatives` (range_min, range_max, relative_margin,
+absolute_margin, num_negatives, "top" sampling), for two kinds of input:
 
-With no labels, the only positive a row has is its own second view (another dropout pass or
-augmentation of the same text), whose similarity to the row is 1.0 for unit vectors: that is
-the positive every margin below is measured against. For each anchor, in the vocabulary of
-sentence-transformers' `mine_hard_negatives` (and its order of operations):
+- **pairs** (`anchors` set): a labelled (anchor, positive) table, embedded by the embed job as
+  two outputs of the same rows: its anchor column (`anchors`, data.text_column=anchor) and its
+  positive column (`embeddings`, data.text_column=positive, with the index). A row's anchor and
+  positive share its id. Every positive is a candidate of every anchor, as the positives are
+  sentence-transformers' corpus, and each margin is measured against the anchor's positive's
+  score, anchor · positive (its query and document embeddings: the two outputs).
+- **unlabelled** (`anchors` null): every row of `embeddings` is an anchor and a candidate. Its
+  only positive is its own second view (another dropout pass or augmentation of the same text),
+  whose similarity to the row is 1.0 for unit vectors: the positive score of every margin.
 
-1. candidates: the anchor's `range_max` nearest other rows (the row itself is dropped), by
-   the index (or an exact scan, `exact`), across every shard;
-2. filters: drop candidates from the anchor's own `document` (document corpora), candidates
-   whose text equals the anchor's, and candidates within the relative margin of the
-   positive: keep only similarity < (1 − relative_margin) × 1.0, which removes the
-   near-duplicates that are the likely false negatives;
+For each anchor:
+
+1. window: its nearest corpus entries by the index (or an exact scan, `exact`), across every
+   shard. Pairs: the range_max + p nearest distinct texts, p the most positives an anchor of the
+   shard has (sentence-transformers: of the whole dataset), its positives among them and then
+   dropped; a text the corpus holds in several rows (a positive of several anchors) is one
+   entry, as in sentence-transformers' de-duplicated corpus. Unlabelled: the range_max nearest
+   other rows (the row itself is dropped).
+2. filters: drop the anchor's positives (pairs: by text), candidates whose text equals the
+   anchor's, candidates from the anchor's own `document` (document corpora), and candidates
+   within a margin of the positive score P: relative, keep only score ≤ P − |P| ×
+   relative_margin; absolute, keep only score + absolute_margin ≤ P.
 3. window: skip the first `range_min` candidates that pass, and keep the next
    `num_negatives` ("top" sampling; NV-Retriever's TopK-PercPos with relative_margin 0.05).
 
-One difference from sentence-transformers: a negative is kept only below the threshold
-(`<`), where sentence-transformers also keeps one exactly on it; with margin 0 a copy of the
-anchor (similarity 1.0) is then still refused.
+An anchor text that several rows of one shard share is one query, as sentence-transformers
+de-duplicates its queries: all its positives are dropped, the margins are measured against the
+lowest of their scores, and each of its rows gets the same negatives. The same anchor in rows of
+different shards is mined once per shard, each time dropping only that shard's positives of it
+(pair tables list a query's positives together; the embed job's block_rows cuts the shards).
 
-The pass is Ray Data `map_batches` over the shard files, one task per shard: each task reads
-its shard's rows as anchors, queries every shard's index in turn (read from OUT, one at a
-time, merged as a running top-k: search.py), reads the candidates' ids, texts and documents
-from their shards, and writes `negatives/part-<first_id>.parquet` (one row per negative: id,
-text, negative, negative_id, negative_score) to the output directory. The driver receives only
-each shard's counts and writes summary.json beside them, with the number of anchors that got
-no negative.
+Differences from sentence-transformers: a candidate with the anchor's own text is never a
+negative (sentence-transformers would keep it where the margin lets it through); and for
+unlabelled rows a negative is kept only strictly below the threshold (`<`, where the labelled
+rule, as sentence-transformers, keeps one exactly on it): with margin 0 a copy of the anchor
+(similarity 1.0 under another spelling) is then still refused.
+
+The pass is Ray Data `map_batches` over the anchors' shard files, one task per shard: each task
+reads its shard's rows as anchors (and, for pairs, their positives from `embeddings` by id),
+queries every shard's index in turn (read from OUT, one at a time, merged as a running top-k:
+search.py), reads the candidates' ids, texts and documents from their shards, and writes
+`negatives/part-<first_id>.parquet` (one row per negative: PAIRS_SCHEMA or SENTENCES_SCHEMA) to
+the output directory. The driver receives only each shard's counts and writes summary.json
+beside them, with the number of anchors that got no negative.
+
+Query and document prompts: the anchors are the queries (sentence-transformers embeds them
+with `encode_query`), the corpus the documents (`encode_document`); here both are the embed
+job's outputs, so a prompt role is chosen when each output is embedded, not here.
 """
 
 from __future__ import annotations
@@ -66,7 +90,24 @@ SUMMARY = "summary.json"
 # The Parquet files in a folder of their own: pyarrow, Ray Data and `datasets` read a folder
 # of Parquet whole, and summary.json or run.log beside them would break that.
 NEGATIVES_DIR = "negatives"
-OUTPUT_SCHEMA = pa.schema(
+# Each output names its texts as training reads its kind by default (data/data_config.py), so
+# `data.path=DIR/negatives data.negative_column=negative` is all a training run needs:
+# pairs as sentence-transformers' triplets, read by `data.kind=pairs` (anchor_column,
+# positive_column); unlabelled rows keep `text`, what `data.kind=sentences` reads
+# (text_column): an unlabelled row has no positive column, and calling its text `anchor` would
+# make a sentences run name a column a pairs run means otherwise.
+PAIRS_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),  # the pair's row id (its anchor's and its positive's)
+        ("anchor", pa.string()),
+        ("positive", pa.string()),
+        ("negative", pa.string()),
+        ("negative_id", pa.int64()),
+        ("positive_score", pa.float32()),
+        ("negative_score", pa.float32()),
+    ]
+)
+SENTENCES_SCHEMA = pa.schema(
     [
         ("id", pa.int64()),
         ("text", pa.string()),
@@ -82,11 +123,14 @@ class ShardCounts:
     """What mining one shard's anchors gave: written to summary.json."""
 
     shard: str
-    anchors: int = 0
+    anchors: int = 0  # rows of the anchors' shard (pairs: pairs)
     negatives: int = 0
     anchors_without_negative: int = 0
     anchors_with_fewer: int = 0  # some negatives, but fewer than num_negatives
-    # Candidates inside range_max each filter removed (one candidate may count under several).
+    # Pairs whose positive `embeddings` does not hold (dropped when its column was read): they
+    # have no positive score to measure a margin against, so they get no negative.
+    pairs_without_positive: int = 0
+    # Candidates inside the window each filter removed (one candidate may count under several).
     removed_by_margin: int = 0
     removed_same_document: int = 0
     removed_same_text: int = 0
@@ -102,26 +146,78 @@ class Candidates:
     documents: np.ndarray | None  # −1 where a row has none; None for sentence corpora
 
 
+@dataclass
+class Queries:
+    """The anchors that are searched, one per query: (q,) arrays."""
+
+    texts: np.ndarray  # object
+    documents: np.ndarray | None  # None: no document column
+    positive_scores: np.ndarray  # float32: what each margin is measured against
+    # Unlabelled: each anchor's own row id (never its own negative), positives None. Pairs: the
+    # texts of its positives (dropped from its candidates), ids None; `window` is then the
+    # number of distinct texts it looks at (range_max + the most positives an anchor has).
+    ids: np.ndarray | None = None
+    positives: list[set[str]] | None = None
+    window: int = 0
+
+
+def margin_keeps(
+    scores: np.ndarray, positive_scores: np.ndarray, config: MiningConfig, strict: bool
+) -> np.ndarray:
+    """(n, m) bool: the candidates outside both margins of their anchor's positive score P:
+    score + absolute_margin ≤ P and score ≤ P − |P| × relative_margin (`strict`: <), in
+    float32 as sentence-transformers computes them; an unset margin keeps everything."""
+    positive = np.asarray(positive_scores, dtype=np.float32)[:, None]
+    scores = np.asarray(scores, dtype=np.float32)
+    below = np.less if strict else np.less_equal
+    keeps = np.ones(scores.shape, dtype=bool)
+    if config.absolute_margin is not None:
+        keeps &= below(scores + np.float32(config.absolute_margin), positive)
+    if config.relative_margin is not None:
+        threshold = positive - np.abs(positive) * np.float32(config.relative_margin)
+        keeps &= below(scores, threshold)
+    return keeps
+
+
+def distinct_texts(texts: np.ndarray) -> np.ndarray:
+    """(n, m) bool: each row's first candidate of each text (None is no candidate)."""
+    first = np.zeros(texts.shape, dtype=bool)
+    for i, row in enumerate(texts):
+        seen: set[str] = set()
+        for j, text in enumerate(row):
+            if text is not None and text not in seen:
+                seen.add(text)
+                first[i, j] = True
+    return first
+
+
 def choose_negatives(
-    anchor_ids: np.ndarray,
-    anchor_texts: np.ndarray,
-    anchor_documents: np.ndarray | None,
+    queries: Queries,
     candidates: Candidates,
     config: MiningConfig,
     counts: ShardCounts | None = None,
 ) -> np.ndarray:
-    """(n, m) bool: which candidates become negatives (steps 1–3 of the module docstring).
+    """(q, m) bool: which candidates become negatives (steps 1–3 of the module docstring).
     Candidates must be sorted best first in each row. Adds what each filter removed to
     `counts`."""
-    ids, scores = candidates.ids, candidates.scores
-    others = (ids >= 0) & (ids != anchor_ids[:, None])  # a row is never its own negative
-    window = others & (np.cumsum(others, axis=1) <= config.range_max)  # its range_max nearest
-    margin_ok = scores < (1.0 - config.relative_margin) * POSITIVE_SCORE
-    other_text = candidates.texts != anchor_texts[:, None]
+    ids, scores, texts = candidates.ids, candidates.scores, candidates.texts
+    if queries.positives is None:  # unlabelled: the range_max nearest other rows
+        others = (ids >= 0) & (ids != queries.ids[:, None])  # a row is never its own negative
+        window = others & (np.cumsum(others, axis=1) <= config.range_max)
+    else:  # pairs: the nearest distinct texts, positives among them, then the positives out
+        entries = distinct_texts(texts)
+        nearest = entries & (np.cumsum(entries, axis=1) <= queries.window)
+        positive = np.array(
+            [[text in own for text in row] for row, own in zip(texts, queries.positives)],
+            dtype=bool,
+        ).reshape(texts.shape)
+        window = nearest & ~positive
+    margin_ok = margin_keeps(scores, queries.positive_scores, config, queries.positives is None)
+    other_text = texts != queries.texts[:, None]
     other_document = np.ones_like(window)
-    if config.skip_same_document and anchor_documents is not None:
+    if config.skip_same_document and queries.documents is not None:
         if candidates.documents is not None:
-            other_document = candidates.documents != anchor_documents[:, None]
+            other_document = candidates.documents != queries.documents[:, None]
     kept = window & margin_ok & other_text & other_document
     passed = np.cumsum(kept, axis=1)  # 1-based rank among those that pass
     chosen = (
@@ -134,58 +230,177 @@ def choose_negatives(
     return chosen
 
 
-def find_candidates(manifest: Manifest, queries: np.ndarray, config: MiningConfig) -> Candidates:
-    """The range_max + 1 nearest rows of each (unit) query, the query's own row among them,
-    with their ids, texts and documents."""
-    scores, keys = search_keys(
-        manifest, queries, config.range_max + 1, exact=config.exact, ef_search=config.ef_search
-    )
-    found = lookup_columns(manifest, keys, [ID, TEXT, DOCUMENT])
-    has_documents = bool((found[DOCUMENT] >= 0).any())
-    return Candidates(
-        ids=found[ID],
-        scores=scores,
-        texts=found[TEXT],
-        documents=found[DOCUMENT] if has_documents else None,
-    )
+def find_candidates(
+    manifest: Manifest,
+    queries: np.ndarray,
+    config: MiningConfig,
+    k: int | None = None,
+    distinct: bool = False,
+) -> Candidates:
+    """The k nearest rows of each (unit) query (default range_max + 1: the query's own row
+    among them), with their ids, texts and documents. `distinct`: as many rows as hold k
+    distinct texts, searched again with twice the rows while a query has fewer and the corpus
+    has more."""
+    k = config.range_max + 1 if k is None else k
+    rows = k
+    while True:
+        scores, keys = search_keys(
+            manifest, queries, rows, exact=config.exact, ef_search=config.ef_search
+        )
+        found = lookup_columns(manifest, keys, [ID, TEXT, DOCUMENT])
+        has_documents = bool((found[DOCUMENT] >= 0).any())
+        candidates = Candidates(
+            ids=found[ID],
+            scores=scores,
+            texts=found[TEXT],
+            documents=found[DOCUMENT] if has_documents else None,
+        )
+        if not distinct or rows >= manifest.rows:
+            return candidates
+        short = (distinct_texts(candidates.texts).sum(axis=1) < k) & (candidates.ids[:, -1] >= 0)
+        if not short.any():
+            return candidates
+        rows = min(2 * rows, manifest.rows)
 
 
 def mine_shard(
-    manifest: Manifest, number: int, config: MiningConfig
+    manifest: Manifest, number: int, config: MiningConfig, anchors: Manifest | None = None
 ) -> tuple[pa.Table, ShardCounts]:
-    """The negatives of shard `number`'s anchors (OUTPUT_SCHEMA rows, anchor by anchor, most
-    similar negative first) and its counts. In this process: the Ray pass runs it per task."""
-    anchors = read_shard(manifest, number, (ID, EMBEDDING, TEXT, DOCUMENT))
-    if anchors.text is None:
-        raise ShardLayoutError(
-            f"{manifest.shard_location(number)}: no text column: mining writes the anchors' "
-            "and negatives' texts; embed with the text kept"
-        )
+    """The negatives of shard `number`'s anchors (rows of SENTENCES_SCHEMA, or PAIRS_SCHEMA when
+    `anchors`, the pairs' anchor output, is given and `number` is its shard), anchor by anchor,
+    most similar negative first, and its counts. In this process: the Ray pass runs it per
+    task."""
+    if anchors is not None:
+        return mine_pair_shard(manifest, anchors, number, config)
+    rows = read_shard(manifest, number, (ID, EMBEDDING, TEXT, DOCUMENT))
+    _require_text(rows, manifest)
+    counts = ShardCounts(shard=rows.entry.file, anchors=len(rows.ids))
+    if len(rows.ids) == 0:
+        return SENTENCES_SCHEMA.empty_table(), counts
     ranges = read_calibration(manifest) if manifest.dtype == "int8" else None
-    queries = unit_vectors(anchors, manifest, ranges)  # (n, d)
-    counts = ShardCounts(shard=anchors.entry.file, anchors=len(anchors.ids))
-    if len(anchors.ids) == 0:
-        return OUTPUT_SCHEMA.empty_table(), counts
-    candidates = find_candidates(manifest, queries, config)
-    chosen = choose_negatives(
-        anchors.ids, anchors.text, anchors.document, candidates, config, counts
+    vectors = unit_vectors(rows, manifest, ranges)  # (n, d)
+    queries = Queries(
+        texts=rows.text,
+        documents=rows.document,
+        positive_scores=np.full(len(rows.ids), POSITIVE_SCORE, dtype=np.float32),
+        ids=rows.ids,
     )
-    per_anchor = chosen.sum(axis=1)  # (n,)
-    counts.negatives = int(per_anchor.sum())
-    counts.anchors_without_negative = int((per_anchor == 0).sum())
-    counts.anchors_with_fewer = int(((per_anchor > 0) & (per_anchor < config.num_negatives)).sum())
-    anchor_row, position = np.nonzero(chosen)  # row-major: anchor by anchor, best first
+    candidates = find_candidates(manifest, vectors, config)
+    chosen = choose_negatives(queries, candidates, config, counts)
+    anchor_row, position = _count_chosen(chosen, config, counts)
     table = pa.table(
         {
-            "id": pa.array(anchors.ids[anchor_row], pa.int64()),
-            "text": pa.array(anchors.text[anchor_row].tolist(), pa.string()),
+            "id": pa.array(rows.ids[anchor_row], pa.int64()),
+            "text": pa.array(rows.text[anchor_row].tolist(), pa.string()),
             "negative": pa.array(candidates.texts[anchor_row, position].tolist(), pa.string()),
             "negative_id": pa.array(candidates.ids[anchor_row, position], pa.int64()),
             "negative_score": pa.array(candidates.scores[anchor_row, position], pa.float32()),
         },
-        schema=OUTPUT_SCHEMA,
+        schema=SENTENCES_SCHEMA,
     )
     return table, counts
+
+
+def mine_pair_shard(
+    manifest: Manifest, anchors: Manifest, number: int, config: MiningConfig
+) -> tuple[pa.Table, ShardCounts]:
+    """Pairs: the negatives of the anchors in shard `number` of `anchors`, searched among the
+    rows of `manifest` (the positives' output); PAIRS_SCHEMA rows, pair by pair."""
+    rows = read_shard(anchors, number, (ID, EMBEDDING, TEXT, DOCUMENT))
+    _require_text(rows, anchors)
+    counts = ShardCounts(shard=rows.entry.file, anchors=len(rows.ids))
+    ranges = read_calibration(anchors) if anchors.dtype == "int8" else None
+    vectors = unit_vectors(rows, anchors, ranges) if len(rows.ids) else None
+    positive_vectors, positive_texts = read_positives(manifest, rows.ids)
+    has_positive = np.flatnonzero([text is not None for text in positive_texts])
+    counts.pairs_without_positive = len(rows.ids) - len(has_positive)
+    if len(has_positive) == 0:
+        counts.anchors_without_negative = len(rows.ids)
+        return PAIRS_SCHEMA.empty_table(), counts
+    pair_scores = np.einsum("ij,ij->i", vectors, positive_vectors).astype(np.float32)
+    # One query per distinct anchor text, its first row's vector (as sentence-transformers
+    # embeds each distinct query once).
+    query_of: dict[str, int] = {}
+    group = np.array([query_of.setdefault(rows.text[r], len(query_of)) for r in has_positive])
+    first_rows = has_positive[np.unique(group, return_index=True)[1]]
+    positives: list[set[str]] = [set() for _ in first_rows]
+    for r, g in zip(has_positive, group):
+        positives[g].add(positive_texts[r])
+    lowest = np.full(len(first_rows), np.inf, dtype=np.float32)
+    np.minimum.at(lowest, group, pair_scores[has_positive])
+    queries = Queries(
+        texts=rows.text[first_rows],
+        documents=None if rows.document is None else rows.document[first_rows],
+        positive_scores=lowest,
+        positives=positives,
+        window=config.range_max + int(np.bincount(group).max()),
+    )
+    candidates = find_candidates(
+        manifest, vectors[first_rows], config, k=queries.window, distinct=True
+    )
+    chosen = choose_negatives(queries, candidates, config, counts)[group]  # (pairs, m)
+    pair, position = _count_chosen(chosen, config, counts)
+    counts.anchors_without_negative += counts.pairs_without_positive
+    source = has_positive[pair]  # the pair's row in the anchors' shard
+    query = group[pair]
+    table = pa.table(
+        {
+            "id": pa.array(rows.ids[source], pa.int64()),
+            "anchor": pa.array(rows.text[source].tolist(), pa.string()),
+            "positive": pa.array(positive_texts[source].tolist(), pa.string()),
+            "negative": pa.array(candidates.texts[query, position].tolist(), pa.string()),
+            "negative_id": pa.array(candidates.ids[query, position], pa.int64()),
+            "positive_score": pa.array(pair_scores[source], pa.float32()),
+            "negative_score": pa.array(candidates.scores[query, position], pa.float32()),
+        },
+        schema=PAIRS_SCHEMA,
+    )
+    return table, counts
+
+
+def read_positives(manifest: Manifest, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unit vectors (n, d), texts (n,) object) of the rows of `manifest` with these ids: zero
+    vectors and None where it has no such row. Reads only the shards whose id range holds one
+    (shards are named by their first id and hold sorted ids)."""
+    vectors = np.zeros((len(ids), manifest.dim), dtype=np.float32)
+    texts = np.full(len(ids), None, dtype=object)
+    if len(ids) == 0 or not manifest.shards:
+        return vectors, texts
+    order = np.argsort([entry.first_id for entry in manifest.shards], kind="stable")
+    first_ids = np.array([manifest.shards[n].first_id for n in order], dtype=np.int64)
+    at = np.searchsorted(first_ids, ids, side="right") - 1  # the shard whose range holds each
+    ranges = read_calibration(manifest) if manifest.dtype == "int8" else None
+    for place in np.unique(at[at >= 0]):
+        here = np.flatnonzero(at == place)
+        shard = read_shard(manifest, int(order[place]), (ID, EMBEDDING, TEXT))
+        if len(shard.ids) == 0:
+            continue
+        rows = np.minimum(np.searchsorted(shard.ids, ids[here]), len(shard.ids) - 1)
+        hit = shard.ids[rows] == ids[here]
+        vectors[here[hit]] = unit_vectors(shard, manifest, ranges)[rows[hit]]
+        if shard.text is not None:
+            texts[here[hit]] = shard.text[rows[hit]]
+    return vectors, texts
+
+
+def _count_chosen(
+    chosen: np.ndarray, config: MiningConfig, counts: ShardCounts
+) -> tuple[np.ndarray, np.ndarray]:
+    """Adds the chosen negatives to `counts`; their (row, position), row-major: anchor by
+    anchor, best first."""
+    per_anchor = chosen.sum(axis=1)
+    counts.negatives = int(per_anchor.sum())
+    counts.anchors_without_negative = int((per_anchor == 0).sum())
+    counts.anchors_with_fewer = int(((per_anchor > 0) & (per_anchor < config.num_negatives)).sum())
+    return np.nonzero(chosen)
+
+
+def _require_text(shard, manifest: Manifest) -> None:
+    if shard.text is None:
+        raise ShardLayoutError(
+            f"{manifest.shard_location(shard.number)}: no text column: mining writes the "
+            "anchors' and negatives' texts; embed with the text kept"
+        )
 
 
 def output_file(manifest: Manifest, number: int) -> str:
@@ -193,24 +408,53 @@ def output_file(manifest: Manifest, number: int) -> str:
     return f"{NEGATIVES_DIR}/part-{manifest.shards[number].first_id:012d}.parquet"
 
 
-def mine_and_write(manifest: Manifest, number: int, config: MiningConfig) -> ShardCounts:
+def mine_and_write(
+    manifest: Manifest, number: int, config: MiningConfig, anchors: Manifest | None = None
+) -> ShardCounts:
     """mine_shard, then its table written whole to output.dir (storage.write_bytes)."""
     import faiss
 
     # The task's CPUs, not every core of a node other tasks share.
     faiss.omp_set_num_threads(max(1, int(config.cpus_per_task)))
-    table, counts = mine_shard(manifest, number, config)
+    table, counts = mine_shard(manifest, number, config, anchors)
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
-    write_bytes(join(config.output.dir, output_file(manifest, number)), buffer.getvalue())
+    named_after = manifest if anchors is None else anchors
+    write_bytes(join(config.output.dir, output_file(named_after, number)), buffer.getvalue())
     return counts
 
 
-def check_inputs(config: MiningConfig) -> Manifest:
-    """Before Ray starts: the manifest, a text column, the index (unless `exact`), and an
-    output directory without earlier negatives (run.log may be there: the job's own log).
-    Raises ShardLayoutError / ConfigError."""
-    manifest = read_manifest(config.embeddings)
+def check_inputs(config: MiningConfig) -> tuple[Manifest, Manifest | None]:
+    """Before Ray starts: the manifests (`embeddings`, and `anchors` for pairs: the same model
+    and corpus), a text column, float vectors, the index (unless `exact`), and an output
+    directory without earlier negatives (run.log may be there: the job's own log). Returns
+    (embeddings, anchors or None). Raises ShardLayoutError / ConfigError."""
+    manifest = _checked_manifest(config.embeddings)
+    anchors = None
+    if config.anchors is not None:
+        anchors = _checked_manifest(config.anchors)
+        for key in ("model", "dim", "corpus"):
+            theirs, ours = getattr(anchors, key), getattr(manifest, key)
+            if theirs != ours:
+                raise ConfigError(
+                    f"anchors: {anchors.path} has {key} {theirs!r}, embeddings {ours!r}: a pair "
+                    "table's anchor and positive columns are embedded by one model from one "
+                    "corpus (their rows share ids)"
+                )
+    if not config.exact:
+        read_index_info(manifest)
+    output = config.output.dir
+    if has_files(join(output, NEGATIVES_DIR)) or exists(join(output, SUMMARY)):
+        raise ConfigError(
+            f"output.dir: {output} holds earlier negatives: choose another directory or "
+            "delete them (part files of two runs would mix)"
+        )
+    return manifest, anchors
+
+
+def _checked_manifest(out: str) -> Manifest:
+    """The manifest of an output mining can read: texts kept, float vectors."""
+    manifest = read_manifest(out)
     if manifest.shards and TEXT not in shard_columns(manifest):
         raise ShardLayoutError(
             f"{manifest.shard_location(0)}: no text column: mining writes the anchors' and "
@@ -221,32 +465,32 @@ def check_inputs(config: MiningConfig) -> Manifest:
             f"{manifest.path}: dtype ubinary: mining compares float vectors by inner product; "
             "embed with dtype float32 or int8"
         )
-    if not config.exact:
-        read_index_info(manifest)
-    output = config.output.dir
-    if has_files(join(output, NEGATIVES_DIR)) or exists(join(output, SUMMARY)):
-        raise ConfigError(
-            f"output.dir: {output} holds earlier negatives: choose another directory or "
-            "delete them (part files of two runs would mix)"
-        )
     return manifest
 
 
-def _mine_batch(batch: dict[str, np.ndarray], manifest: Manifest, config: MiningConfig):
+def _mine_batch(
+    batch: dict[str, np.ndarray],
+    manifest: Manifest,
+    config: MiningConfig,
+    anchors: Manifest | None = None,
+):
     """map_batches over shard numbers: each shard mined and written; its counts returned."""
-    rows = [dataclasses.asdict(mine_and_write(manifest, int(n), config)) for n in batch["shard"]]
+    rows = [
+        dataclasses.asdict(mine_and_write(manifest, int(n), config, anchors))
+        for n in batch["shard"]
+    ]
     return {name: np.array([row[name] for row in rows]) for name in rows[0]}
 
 
 def mine_hard_negatives(config: MiningConfig) -> dict:
-    """The Ray Data pass (one task per shard, `config.cpus_per_task` CPUs each; Ray must be
-    up) and summary.json in output.dir; returns the summary."""
+    """The Ray Data pass (one task per anchors' shard, `config.cpus_per_task` CPUs each; Ray
+    must be up) and summary.json in output.dir; returns the summary."""
     import ray
 
     from distributed_emb.watchdog import no_silent_stall
 
-    manifest = check_inputs(config)
-    numbers = list(range(len(manifest.shards)))
+    manifest, anchors = check_inputs(config)
+    numbers = list(range(len((manifest if anchors is None else anchors).shards)))
     rows: list[dict] = []
     if numbers:
         shards = ray.data.from_items(
@@ -254,7 +498,7 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
         )
         mined = shards.map_batches(
             _mine_batch,
-            fn_kwargs={"manifest": manifest, "config": config},
+            fn_kwargs={"manifest": manifest, "config": config, "anchors": anchors},
             batch_size=1,
             batch_format="numpy",
             num_cpus=config.cpus_per_task,
@@ -273,6 +517,7 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
     }
     summary = {
         "embeddings": str(config.embeddings),
+        "anchors": config.anchors,  # null: unlabelled
         **totals,
         "settings": {
             name: getattr(config, name)
@@ -281,6 +526,7 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
                 "range_min",
                 "range_max",
                 "relative_margin",
+                "absolute_margin",
                 "skip_same_document",
                 "exact",
                 "ef_search",

@@ -1,8 +1,9 @@
-"""The settings of label-free hard-negative mining (jobs/mine_negatives.py), declared once.
+"""The settings of hard-negative mining (jobs/mine_negatives.py), declared once.
 
-The window and margin keep sentence-transformers' `mine_hard_negatives` names and meaning
-(range_min, range_max, relative_margin, num_negatives, the "top" strategy); what they do to an
-unlabelled corpus: vectors/hard_negatives.py.
+The window and margins keep sentence-transformers' `mine_hard_negatives` names and meaning
+(range_min, range_max, relative_margin, absolute_margin, num_negatives, the "top" strategy);
+what they do to a labelled pair table (`anchors` set) and to an unlabelled corpus:
+vectors/hard_negatives.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class MiningOutputConfig:
     dir: Annotated[
         str,
         Field(
-            description="where the negatives go (negatives/part-*.parquet, one per embedding "
+            description="where the negatives go (negatives/part-*.parquet, one per anchors' "
             "shard, summary.json and run.log): a local path or a URI; must be empty or new"
         ),
     ] = "outputs/negatives"
@@ -35,7 +36,19 @@ class MiningConfig:
         str | None,
         Field(
             description="the embedding output directory OUT (manifest.json, shards/, index/) "
-            "whose rows are mined: each row is an anchor, every row a candidate"
+            "whose rows are the candidates; unlabelled (anchors null): each row is also an "
+            "anchor; pairs: the pair table's positive column (embed data.text_column=positive)"
+        ),
+    ] = None
+    # Pairs: the table's two columns embedded as two outputs by the embed job; a row's anchor
+    # and positive share its id, which is how the anchor's positive is found.
+    anchors: Annotated[
+        str | None,
+        Field(
+            description="pairs: the embedding output of the same pair table's anchor column "
+            "(embed data.text_column=anchor, same model): each row is an anchor, its positive "
+            "the row of `embeddings` with its id; null: unlabelled, every row of `embeddings` "
+            "is an anchor"
         ),
     ] = None
     output: MiningOutputConfig = field(default_factory=MiningOutputConfig)
@@ -57,24 +70,35 @@ class MiningConfig:
         Field(
             ge=1,
             description="candidates per anchor: its range_max nearest other rows "
-            "(sentence-transformers' range_max)",
+            "(pairs: its range_max + p nearest distinct texts, p the most positives an anchor "
+            "has, its own positives then masked; sentence-transformers' range_max)",
         ),
     ] = 30
     # 0.05 is NV-Retriever's TopK-PercPos (95%), the setting sentence-transformers recommends.
     relative_margin: Annotated[
-        float,
+        float | None,
         Field(
             ge=0,
             lt=1,
-            description="keep a negative only if its similarity < (1 − relative_margin) × the "
-            "positive's (1.0: the anchor's own second view); removes near-duplicates",
+            description="keep a negative only if its similarity ≤ the positive's − |the "
+            "positive's| × relative_margin (pairs: anchor·positive; unlabelled: 1.0, the "
+            "anchor's own second view, and < instead of ≤); removes likely false negatives; "
+            "null: no relative margin",
         ),
     ] = 0.05
+    absolute_margin: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            description="keep a negative only if its similarity + absolute_margin ≤ the "
+            "positive's (unlabelled: < 1.0); null: no absolute margin",
+        ),
+    ] = None
     skip_same_document: Annotated[
         bool,
         Field(
             description="never take a negative from the anchor's own document (document "
-            "corpora: its sentences are likely positives)"
+            "corpora whose shards have a document column: its sentences are likely positives)"
         ),
     ] = True
     exact: Annotated[
@@ -105,6 +129,12 @@ class MiningConfig:
         """What the declarations cannot say: the window holds the negatives asked for."""
         if self.embeddings is None:
             raise ConfigError("embeddings: required: the embedding output directory to mine")
+        if self.anchors is not None and self.anchors.rstrip("/") == self.embeddings.rstrip("/"):
+            raise ConfigError(
+                "anchors: the same output as embeddings: pairs are mined from two outputs of "
+                "one pair table (its anchor and its positive column); for an unlabelled corpus "
+                "set anchors=null"
+            )
         if self.range_min >= self.range_max:
             raise ConfigError(
                 f"range_min: must be < range_max ({self.range_max}), got {self.range_min}"

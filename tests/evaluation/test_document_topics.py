@@ -2,6 +2,7 @@
 documents, scored as a plain reference scores it, the shipped example reproducible, and both
 yardsticks compared with the given model (evaluation/yardsticks.py)."""
 
+import functools
 import hashlib
 import math
 from pathlib import Path
@@ -47,9 +48,14 @@ def _bag_of_words(texts: list[str]) -> np.ndarray:
     out = np.zeros((len(texts), 64))
     for row, text in enumerate(texts):
         for word in text.lower().split():
-            seed = int(hashlib.md5(word.encode()).hexdigest()[:8], 16)
-            out[row] += np.random.default_rng(seed).standard_normal(64)
+            out[row] += _word_vector(word)
     return out
+
+
+@functools.cache
+def _word_vector(word: str) -> np.ndarray:
+    seed = int(hashlib.md5(word.encode()).hexdigest()[:8], 16)
+    return np.random.default_rng(seed).standard_normal(64)
 
 
 def test_passages_are_consecutive_sentences_cut_to_a_limit():
@@ -126,7 +132,7 @@ def _encoders(models: dict):
 def test_both_yardsticks_against_the_given_model_with_paired_intervals():
     """The same model against itself moves nothing; a model that scrambles topic loses it
     beyond its interval and the run says so in one line."""
-    e = EvalConfig(documents_dir="shipped:news-documents")
+    e = EvalConfig(documents_dir="shipped:news-documents", retrieval_dir="shipped:news")
     rng = np.random.default_rng(0)
 
     def noise(texts):
@@ -136,9 +142,11 @@ def test_both_yardsticks_against_the_given_model_with_paired_intervals():
     topic = same["topic"]["documents_test"]["ndcg@10"]
     assert topic["difference"] == 0 and topic["n"] == same["topic"]["n_queries"] > 50
     assert same["paraphrase"]["stsb_test"]["difference"] == 0
+    assert same["paraphrase"]["retrieval_test"]["ndcg@10"]["n"] == 295  # the news test queries
     assert topic_loss_line(same) is None
     lines = yardstick_lines(same)
-    assert lines[0].startswith("paraphrase:") and lines[1].startswith("topic:")
+    assert [line.split(":")[0] for line in lines] == ["paraphrase", "paraphrase", "topic"]
+    assert "shipped:news test nDCG@10" in lines[1]
 
     worse = compare_with_given(
         "given", "scrambled", e, _encoders({"given": _bag_of_words, "scrambled": noise})
@@ -146,4 +154,4 @@ def test_both_yardsticks_against_the_given_model_with_paired_intervals():
     topic = worse["topic"]["documents_test"]["ndcg@10"]
     assert topic["high"] < 0 and topic["excludes_zero"]
     assert topic_loss_line(worse).startswith(TOPIC_LOSS)
-    assert "*" in yardstick_lines(worse)[1]
+    assert "*" in yardstick_lines(worse)[-1]

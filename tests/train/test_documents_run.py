@@ -41,6 +41,14 @@ def test_auto_chooses_on_what_is_in_domain(tmp_path):
     assert explicit.eval.select_by == "stsb_dev"  # what the user names is what chooses
 
 
+def test_a_search_on_documents_chooses_by_the_same_name(tmp_path):
+    """One name in every job and in Tune: the search's base config chooses on documents:dev."""
+    config = checked_config(
+        "tune_informin", ["--output", str(tmp_path), f"documents.paths=[{_documents(tmp_path)}]"]
+    )
+    assert config.eval.select_by == config.base().eval.select_by == "documents:dev"
+
+
 def test_documents_and_a_sentence_corpus_are_one_or_the_other(tmp_path):
     with pytest.raises(ConfigError, match=r"^data\.path: and documents\.paths both name"):
         checked_config(
