@@ -1,7 +1,8 @@
 """Embed a corpus into Parquet shards with a Ray Data pool of encoding actors; resumable.
 
     python jobs/embed.py --output OUT [data.path=CORPUS] [model.path=MODEL] \
-        [embed.precision=float32|int8|ubinary] [embed.concurrency=N] [--index] [key=value ...]
+        [embed.precision=float32|int8|ubinary] [embed.concurrency=N] [--index] \
+        [--document-prompt TEXT] [--query-prompt TEXT] [key=value ...]
 
 CORPUS is anything the training job reads (a file, directory, glob, s3:// or gs:// URI, saved
 or hub Hugging Face dataset), read, cleaned and counted the same way; default: the shipped
@@ -12,6 +13,9 @@ OUT/manifest.json is written last. Run it again into the same OUT after a failur
 blocks without a shard are embedded; OUT made with another model, corpus or setting is refused,
 naming the key. --index also builds each shard's ANN index (OUT/index/, index.* settings) for
 jobs/search.py and jobs/mine_negatives.py, and prints its recall@10 against exact search.
+Corpus rows are documents: each is embedded as SentenceTransformer.encode_document embeds it,
+with the model's document prompt, or --document-prompt TEXT ("" for none; prompts.document);
+--query-prompt (prompts.query) is recorded in the manifest for jobs/search.py's queries.
 Locally it starts Ray; on a cluster: ray job submit -- python jobs/embed.py ...
 Every setting and its default: --help; the layout: distributed_emb/vectors/shard_layout.py.
 """
@@ -71,7 +75,12 @@ JOB = Job(
     run=run,
     log_dir=log_dir,
     output_key="embed.output_dir",
-    flags=(Flag("--index", "also build each shard's ANN index", key="embed.index", const=True),),
+    flags=(
+        Flag("--index", "also build each shard's ANN index", key="embed.index", const=True),
+        # Flags take their text as given: "" (no prompt) too, which an override reads as null.
+        Flag("--document-prompt", "text put before each row ('' for none)", key="prompts.document"),
+        Flag("--query-prompt", "text for search to put before each query", key="prompts.query"),
+    ),
 )
 
 

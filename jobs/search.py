@@ -1,7 +1,8 @@
 """Search an embedding output: the k nearest corpus rows of each query, across every shard.
 
     python jobs/search.py OUT [--query "text"] [--queries FILE] [-k 10] [--model DIR] \
-        [--exact] [--ef-search N] [--recall [--recall-sample N]] [--output FILE] [key=value ...]
+        [--query-prompt TEXT] [--exact] [--ef-search N] [--recall [--recall-sample N]] \
+        [--output FILE] [key=value ...]
 
 OUT is what the embed job wrote (manifest.json, shards/, and index/ from its --index). The
 queries (--query, once; --queries FILE: a .txt file, one a line, or a .jsonl file of objects
@@ -11,7 +12,9 @@ by score; --exact scans every shard's vectors instead (the reference). Each quer
 JSON line, {"query", ["query_id",] "results": [{"id", "score", "text"}, ...]}, printed or
 written to --output. --recall also measures the index's recall@k against exact search, with
 recall_sample corpus rows as queries (each one's own row left out). Scores are cosine
-similarities. Every setting: --help.
+similarities. Queries are embedded as queries (sentence-transformers' encode_query): with
+--query-prompt (prompts.query; "" for none), else the embed job's prompts.query (the
+manifest's), else the model's own query prompt. Every setting: --help.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from distributed_emb.errors import UserInputError
 from distributed_emb.model.model_config import require_model_dir
 from distributed_emb.vectors.ann_index import read_index_info
 from distributed_emb.vectors.search_config import SearchConfig
-from distributed_emb.vectors.shard_layout import read_manifest
+from distributed_emb.vectors.shard_layout import Manifest, read_manifest
 
 
 def read_query_file(path: str) -> list[tuple[str | None, str]]:
@@ -71,23 +74,34 @@ def check(config: SearchConfig) -> None:
     )
 
 
-def run(config: SearchConfig) -> int:
+def query_vectors(config: SearchConfig, manifest: Manifest, texts: list[str]):
+    """(q, d) vectors of the query `texts`, embedded as queries with the model that embedded
+    the corpus (or --model), pooled and cut as the manifest says; the query prompt is
+    prompts.query, else the embed job's setting, else the model's own."""
     from distributed_emb.model.embedder import Embedder  # startup: torch
     from distributed_emb.storage import local_model_dir
+
+    query_prompt = config.prompts.query
+    if query_prompt is None:
+        query_prompt = manifest.query_prompt
+    embedder = Embedder(
+        local_model_dir(config.model or manifest.model),
+        pooler=manifest.pooler,  # as the corpus was embedded (where the manifest says)
+        max_seq_length=manifest.max_seq_length,
+        batch_size=config.batch_size,
+        query_prompt=query_prompt,
+    )
+    return embedder.embed(texts, role="query")
+
+
+def run(config: SearchConfig) -> int:
     from distributed_emb.vectors.search import index_recall, search
 
     manifest = read_manifest(config.embeddings)
     lines = []
     queries = all_queries(config)
     if queries:
-        model = local_model_dir(config.model or manifest.model)
-        embedder = Embedder(
-            model,
-            pooler=manifest.pooler,  # as the corpus was embedded (where the manifest says)
-            max_seq_length=manifest.max_seq_length,
-            batch_size=config.batch_size,
-        )
-        vectors = embedder.embed([text for _, text in queries])
+        vectors = query_vectors(config, manifest, [text for _, text in queries])
         found = search(
             manifest,
             vectors,
@@ -139,6 +153,8 @@ JOB = Job(
         Flag("--queries", "a .txt or .jsonl file of queries", key="queries_file"),
         Flag("-k", "results per query", key="k", type=int),
         Flag("--model", "the model that embeds the queries (default: the manifest's)", key="model"),
+        # Taken as given: "" (no prompt) too, which a key=value override reads as null.
+        Flag("--query-prompt", "text put before each query ('' for none)", key="prompts.query"),
         Flag("--exact", "scan every shard's vectors instead of the index", key="exact", const=True),
         Flag("--ef-search", "HNSW candidates per query", key="ef_search", type=int),
         Flag(

@@ -13,6 +13,12 @@ depends on the shapes). Ties are broken by document id, descending — trec_eval
 so the hits kept are the ones trec_eval would rank first. :func:`evaluate_splits` searches
 several splits' queries in one pass, the corpus embedded once.
 
+Queries and documents: `encode` is one encoder for both (a plain callable: the in-training
+evaluation, the tests) or a pair (query encoder, document encoder), as the evaluation job
+gives for a model with query and document prompts (model/embedder.py RoleEncoders: the
+queries embedded as sentence-transformers' ``encode_query`` embeds them, the corpus as
+``encode_document``, which is what its InformationRetrievalEvaluator does).
+
 Metrics come from pytrec_eval (`pytrec-eval-terrier`), never re-derived: it wraps trec_eval,
 the reference implementation, and BEIR and MTEB compute their retrieval metrics with it, so our
 numbers equal theirs for the same run; it is a small binary wheel needing only numpy and scipy
@@ -46,6 +52,8 @@ from distributed_emb.data.beir_layout import (  # noqa: F401
 )
 
 Encoder = Callable[[list[str]], np.ndarray]
+# One encoder for queries and documents alike, or (query encoder, document encoder).
+Encoders = Encoder | tuple[Encoder, Encoder]
 
 METRICS = ("ndcg@10", "map@100", "recall@1", "recall@10", "recall@100", "mrr@10")
 # Our name → (pytrec_eval measure to ask for, the key it answers under).
@@ -134,23 +142,40 @@ def _best_per_query(
     return rows[keep], scores[keep], docs[keep]
 
 
+def query_and_document_encoders(encode: Encoders) -> tuple[Encoder, Encoder]:
+    """(query encoder, document encoder) of `encode`: a pair as given, one encoder twice."""
+    if isinstance(encode, tuple):
+        if len(encode) != 2 or not all(callable(e) for e in encode):
+            raise TypeError("encode: one encoder, or a pair (query encoder, document encoder)")
+        return encode
+    return encode, encode
+
+
 def search(
-    encode: Encoder, split: RetrievalSplit, top_k: int = 100, shard_size: int = 50_000
+    encode: Encoders, split: RetrievalSplit, top_k: int = 100, shard_size: int = 50_000
 ) -> dict[str, dict[str, float]]:
     """Exact cosine search: the run {query id: {document id: score}}, top_k hits a query.
 
     The corpus is embedded shard_size texts at a time (one `encode` call a shard, the queries
-    with the first: with the Ray Data encoder each shard is embedded by the actor pool), each
-    shard's best hits merged into a running top-k, so at most one shard's vectors are held."""
+    with the first when one encoder embeds both: with the Ray Data encoder each shard is
+    embedded by the actor pool), each shard's best hits merged into a running top-k, so at
+    most one shard's vectors are held. `encode`: one encoder, or (query encoder, document
+    encoder)."""
     if top_k < 1 or shard_size < 1:
         raise ValueError(f"top_k and shard_size must be >= 1, got {top_k} and {shard_size}")
+    encode_queries, encode_documents = query_and_document_encoders(encode)
     n_queries = len(split.query_ids)
     if n_queries == 0:
         return {}
-    # The queries ride along with the first shard: one encode call (one actor pool) fewer.
-    first = list(split.query_texts) + list(split.corpus_texts[:shard_size])
-    first_embedded = _unit_rows(encode(first), len(first))  # (q + s, d)
-    queries = first_embedded[:n_queries]  # (q, d)
+    first_shard = None
+    if encode_queries is encode_documents:
+        # The queries ride along with the first shard: one encode call (one actor pool) fewer.
+        first = list(split.query_texts) + list(split.corpus_texts[:shard_size])
+        first_embedded = _unit_rows(encode_queries(first), len(first))  # (q + s, d)
+        queries = first_embedded[:n_queries]  # (q, d)
+        first_shard = first_embedded[n_queries:]  # (s, d)
+    else:
+        queries = _unit_rows(encode_queries(list(split.query_texts)), n_queries)  # (q, d)
     n_corpus = len(split.corpus_ids)
     id_rank = np.empty(n_corpus, dtype=np.int64)  # each document's place in sorted id order
     id_rank[sorted(range(n_corpus), key=split.corpus_ids.__getitem__)] = np.arange(n_corpus)
@@ -161,10 +186,10 @@ def search(
     docs = np.empty(0, dtype=np.int64)
     for start in range(0, len(split.corpus_texts), shard_size):
         texts = split.corpus_texts[start : start + shard_size]
-        if start == 0:
-            shard = first_embedded[n_queries:]
+        if start == 0 and first_shard is not None:
+            shard = first_shard
         else:
-            shard = _unit_rows(encode(list(texts)), len(texts))  # (s, d)
+            shard = _unit_rows(encode_documents(list(texts)), len(texts))  # (s, d)
         in_shard = (own_doc >= start) & (own_doc < start + len(texts))
         own = np.where(in_shard, own_doc - start, -1)
         new_rows, cols, new_scores = _shard_candidates(queries, shard, own, top_k)
@@ -224,7 +249,7 @@ def _means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
     return {metric: float(np.mean(list(values.values()))) for metric, values in per_query.items()}
 
 
-def evaluate_split(encode: Encoder, directory: str, split: str, top_k: int = 100) -> dict:
+def evaluate_split(encode: Encoders, directory: str, split: str, top_k: int = 100) -> dict:
     """Read `split` of `directory`, search it with `encode` and score the run:
     {"split", "n_queries", "n_corpus", "metrics": {metric: mean}, "per_query": {metric:
     {query id: value}}}."""
@@ -232,14 +257,14 @@ def evaluate_split(encode: Encoder, directory: str, split: str, top_k: int = 100
 
 
 def evaluate_splits(
-    encode: Encoder, directory: str, splits: list[str], top_k: int = 100
+    encode: Encoders, directory: str, splits: list[str], top_k: int = 100
 ) -> dict[str, dict]:
     """:func:`evaluate_split` of each of `splits` with one pass over the corpus
     (:func:`score_splits`)."""
     return score_splits(encode, read_splits(directory, splits), top_k)
 
 
-def score_splits(encode: Encoder, data: list[RetrievalSplit], top_k: int = 100) -> dict[str, dict]:
+def score_splits(encode: Encoders, data: list[RetrievalSplit], top_k: int = 100) -> dict[str, dict]:
     """Search and score splits already read (:func:`read_splits`: one corpus): the splits'
     queries are searched together (a query's hits do not depend on the other queries), so
     the corpus, the costly part, is embedded once however many splits there are."""

@@ -37,7 +37,12 @@ from distributed_emb.evaluation.transfer import (
     evaluate_sst2,
     evaluate_trec,
 )
-from distributed_emb.model.embedder import EmbeddingLookup, make_encoder, use_encoding_pool
+from distributed_emb.model.embedder import (
+    EmbeddingLookup,
+    make_encoders,
+    use_encoding_pool,
+)
+from distributed_emb.model.model_config import PromptSettings, applied_prompts
 from distributed_emb.paths import default_model_path, shipped_senteval_dir
 from distributed_emb.ray_config import RayConfig, validate_ray_config
 from distributed_emb.settings import section
@@ -196,6 +201,9 @@ class EvaluationConfig:
         str | None, Field(description="the results JSON to write; null: print only")
     ] = None
     encode: EncodeSettings = field(default_factory=EncodeSettings)
+    # BEIR retrieval embeds queries and documents with these (the SentEval tasks are
+    # symmetric: plain encode, the model's default prompt if it has one).
+    prompts: PromptSettings = field(default_factory=PromptSettings)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -412,20 +420,29 @@ def beir_splits(selection: TaskSelection) -> list[str]:
     return splits
 
 
-def run_beir(directory: str, splits: list[str], encode: Encoder) -> dict:
+def run_beir(directory: str, splits: list[str], encode: beir.Encoders) -> dict:
     """Score every split of a BEIR directory, the corpus embedded (shard by shard) once for
-    all of them; the split's per-query values are kept for paired comparisons."""
+    all of them; the split's per-query values are kept for paired comparisons. `encode`: one
+    encoder, or (query encoder, document encoder) (beir.search)."""
     started = time.perf_counter()
     encode_s = 0.0
 
-    def timed_encode(texts: list[str]) -> np.ndarray:
-        nonlocal encode_s
-        start = time.perf_counter()
-        embeddings = encode(texts)
-        encode_s += time.perf_counter() - start
-        return embeddings
+    def timed(encoder: Encoder) -> Encoder:
+        def timed_encode(texts: list[str]) -> np.ndarray:
+            nonlocal encode_s
+            start = time.perf_counter()
+            embeddings = encoder(texts)
+            encode_s += time.perf_counter() - start
+            return embeddings
 
-    results = beir.evaluate_splits(timed_encode, directory, splits)
+        return timed_encode
+
+    queries, documents = beir.query_and_document_encoders(encode)
+    if queries is documents:
+        timed_pair: beir.Encoders = timed(queries)
+    else:
+        timed_pair = (timed(queries), timed(documents))
+    results = beir.evaluate_splits(timed_pair, directory, splits)
     for split, result in results.items():
         metrics = ", ".join(f"{name} {value:.2f}" for name, value in result["metrics"].items())
         log.info("BEIR %s (%d queries): %s", split, result["n_queries"], metrics)
@@ -438,10 +455,13 @@ def encodes_with_ray(config: EvaluationConfig) -> bool:
 
 
 def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
-    """Run the configured tasks; returns the JSON-ready results (see docs/EVALUATION.md)."""
+    """Run the configured tasks; returns the JSON-ready results (see docs/EVALUATION.md).
+    `encode`: one encoder for every text (no prompts); None: the model's, BEIR's queries and
+    documents embedded with their prompts (prompts.*)."""
     config.validate()
     model = config.model.path or default_model_path()
     senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
+    beir_encode: beir.Encoders | None = encode
     if encode is None:
         e = config.encode
         use_ray = encodes_with_ray(config)
@@ -455,9 +475,17 @@ def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
             if use_ray
             else {}
         )
-        encode = make_encoder(
-            model, e.pooler, e.batch_size, e.max_seq_length, use_ray=use_ray, **ray_options
+        encoders = make_encoders(
+            model,
+            e.pooler,
+            e.batch_size,
+            e.max_seq_length,
+            use_ray=use_ray,
+            query_prompt=config.prompts.query,
+            document_prompt=config.prompts.document,
+            **ray_options,
         )
+        encode, beir_encode = encoders.plain, encoders.pair
     started = time.perf_counter()
     output: dict[str, Any] = {
         "model": model,
@@ -474,8 +502,10 @@ def evaluate(config: EvaluationConfig, encode: Encoder | None = None) -> dict:
         output["skipped"].extend(part["skipped"])
         output["wall_time_s"][group] = part["timing"]
     if config.eval.retrieval_dir:
-        part = run_beir(config.eval.retrieval_dir, beir_splits(config.eval), encode)
+        part = run_beir(config.eval.retrieval_dir, beir_splits(config.eval), beir_encode)
         output["retrieval_dir"] = config.eval.retrieval_dir
+        if encode is not beir_encode:  # what was put before each query and each document
+            output["prompts"] = applied_prompts(model, config.encode.pooler, config.prompts)
         output["beir"] = part["results"]
         output["wall_time_s"]["beir"] = part["timing"]
     output["wall_time_s"]["total_s"] = time.perf_counter() - started

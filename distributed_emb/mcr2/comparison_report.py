@@ -1,8 +1,10 @@
 """The comparison: output sizes × methods × {dev avg (the heads' selection: STS-B dev and,
 where present, SICK-R dev), STS-B dev, STS-B test, SICK-R test, STS12–16, unseen-STS avg,
-STS avg, transfer avg, retrieval, nDCG@10 of each split of eval.retrieval_dir}, as a table
-and as a plot; and each row's difference from the uncompressed encoder on every test set, and
-each head's from PCA at its size, with their paired-bootstrap 95% intervals."""
+STS avg, transfer avg, retrieval, nDCG@10 of each split of eval.retrieval_dir, nDCG@10 of
+the held-out documents' dev and test splits (the document-level yardstick, topic retrieval,
+evaluation/document_topics.py)}, as a table and as a plot; and each row's difference from the
+uncompressed encoder on every test set (the documents' test split included), and each head's
+from PCA at its size, with their paired-bootstrap 95% intervals."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from distributed_emb.evaluation.paired_bootstrap import PairedDifference
 from distributed_emb.evaluation.results_tables import headline
 from distributed_emb.paths import SHIPPED_PREFIX
 from distributed_emb.plots import Panel
-from distributed_emb.selection import retrieval_metric
+from distributed_emb.selection import TEST_SPLIT, documents_metric, retrieval_metric
 from distributed_emb.tables import markdown_table
 
 COLUMNS = (
@@ -40,6 +42,11 @@ INTERVAL_COLUMNS = (
     ("retrieval_mrr", "retrieval MRR"),
 )
 _STS_KEYS = {"STSBenchmark": "stsb_test", "SICKRelatedness": "sickr_test"}
+# The suite output's key of the held-out documents' yardstick: {split: evaluation/beir.py
+# score_splits result}, written by mcr2/pipeline.py beside the suite's own groups.
+DOCUMENTS = "documents"
+DOCUMENTS_SPLITS = ("dev", "test")  # the table's columns; the interval: test only
+DOCUMENTS_TITLE = "held-out documents"
 # The methods compared with PCA at their own size too: what the job trains.
 HEAD_METHODS = ("mcr2",)
 PCA = "pca"
@@ -64,9 +71,19 @@ def _beir_set(rows: list[dict]) -> tuple[str | None, list[str]]:
     return name, list(dict.fromkeys(s for row in rows for s in row.get("beir_splits") or []))
 
 
+def documents_columns(splits) -> list[tuple[str, str]]:
+    """(key, title) of the held-out documents' nDCG@10 on each of `splits`."""
+    return [(documents_metric(split), f"{DOCUMENTS_TITLE} {split} nDCG@10") for split in splits]
+
+
 def table_columns(rows: list[dict]) -> list[tuple[str, str]]:
-    """COLUMNS, then each BEIR split's nDCG@10 the rows have."""
-    return [*COLUMNS, *beir_columns(*_beir_set(rows))]
+    """COLUMNS, then each BEIR split's nDCG@10 the rows have, then the held-out documents'."""
+    scored = {s for row in rows for s in row.get("documents_splits") or []}
+    return [
+        *COLUMNS,
+        *beir_columns(*_beir_set(rows)),
+        *documents_columns(s for s in DOCUMENTS_SPLITS if s in scored),
+    ]
 
 
 def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
@@ -78,8 +95,9 @@ def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
     ``sickr_dev``, and their mean ``dev_avg``: train.dev_scores); ``sts12_16`` the mean
     of the STS12–16 years present (each year's subsets pooled); ``transfer_avg`` the accuracy
     of every transfer task present; ``retrieval_<split>_ndcg_at_10`` the nDCG@10 × 100 of each
-    split of eval.retrieval_dir (``beir_splits``, from ``retrieval_set``). Absent groups give
-    None, shown as "-".
+    split of eval.retrieval_dir (``beir_splits``, from ``retrieval_set``);
+    ``documents_<split>_ndcg_at_10`` that of each split of the held-out documents' yardstick
+    (``documents_splits``). Absent groups give None, shown as "-".
     """
     sts = suite_output.get("sts") or {}
     transfer = suite_output.get("transfer") or {}
@@ -92,6 +110,7 @@ def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
     sick = sts.get("SICKRelatedness")
     first_retrieval = next(iter(retrieval.values()), None)
     beir = suite_output.get("beir") or {}
+    documents = suite_output.get(DOCUMENTS) or {}
     return {
         "dev_avg": dev_scores["dev_avg"],
         "stsb_dev": dev_scores["stsb_dev"],
@@ -108,6 +127,11 @@ def summarise(suite_output: dict, dev_scores: dict[str, float]) -> dict:
         "retrieval_set": retrieval_set_name(suite_output["retrieval_dir"]) if beir else None,
         "beir_splits": list(beir),
         **{retrieval_metric(split): result["metrics"]["ndcg@10"] for split, result in beir.items()},
+        "documents_splits": list(documents),
+        **{
+            documents_metric(split): result["metrics"]["ndcg@10"]
+            for split, result in documents.items()
+        },
     }
 
 
@@ -137,10 +161,10 @@ def paired_intervals(rows: list[dict], suite_outputs: dict[str, dict], seed: int
          "versus_pca": [{"dim", "method", "reference": "pca-<dim>", "intervals"}],
          "retrieval_set": name or None, "beir_splits": [split, ...]}
 
-    with "intervals" {INTERVAL_COLUMNS key or retrieval_<split>_ndcg_at_10:
-    PairedDifference.as_dict()}. The items (test pairs, retrieval queries) are resampled and
-    both rows scored on each resample (evaluation/comparison.py); `suite_outputs` are the
-    suite's outputs by "<method>-<dim>", with their per-item values."""
+    with "intervals" {INTERVAL_COLUMNS key, retrieval_<split>_ndcg_at_10 or
+    documents_test_ndcg_at_10: PairedDifference.as_dict()}. The items (test pairs, retrieval
+    queries) are resampled and both rows scored on each resample (evaluation/comparison.py);
+    `suite_outputs` are the suite's outputs by "<method>-<dim>", with their per-item values."""
     name, splits = _beir_set(rows)
     out: dict = {
         "reference": None,
@@ -185,6 +209,14 @@ def _intervals(suite_outputs: dict[str, dict], baseline: dict, candidate: dict, 
         intervals["retrieval_mrr"] = first_retrieval["mrr"]
     for split, metrics in comparison["beir"].items():
         intervals[retrieval_metric(split)] = metrics["ndcg@10"]
+    # The held-out documents' test split, per query, by the same comparison (its dev split
+    # chose epochs: reported in the table, never given an interval).
+    pair = [suite_outputs[_key(row)].get(DOCUMENTS) or {} for row in (baseline, candidate)]
+    if all(TEST_SPLIT in documents for documents in pair):
+        tests = [{"beir": {TEST_SPLIT: documents[TEST_SPLIT]}} for documents in pair]
+        compared = compare_results(*tests, seed)["beir"]
+        if TEST_SPLIT in compared:
+            intervals[documents_metric(TEST_SPLIT)] = compared[TEST_SPLIT]["ndcg@10"]
     return intervals
 
 
@@ -195,7 +227,7 @@ def intervals_table(intervals: dict, section: str = "rows") -> str:
     beir = beir_columns(intervals.get("retrieval_set"), intervals.get("beir_splits") or [])
     present = [
         (key, title)
-        for key, title in (*INTERVAL_COLUMNS, *beir)
+        for key, title in (*INTERVAL_COLUMNS, *beir, *documents_columns([TEST_SPLIT]))
         if any(key in row["intervals"] for row in rows)
     ]
 

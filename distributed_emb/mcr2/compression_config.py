@@ -13,6 +13,8 @@ from pydantic import Field
 
 from distributed_emb.checks import ConfigError, require
 from distributed_emb.data.beir_layout import BeirDataError, list_splits
+from distributed_emb.data.held_out import SPLITS as HELD_OUT_SPLITS
+from distributed_emb.data.held_out import HeldOutConfig
 from distributed_emb.data.sources import require_sources
 from distributed_emb.evaluation.transfer import TransferConfig
 from distributed_emb.logging_config import LoggingConfig
@@ -22,7 +24,14 @@ from distributed_emb.mcr2.embeddings import EncoderConfig
 from distributed_emb.mcr2.matryoshka import MatryoshkaConfig
 from distributed_emb.model.model_config import require_model_dir
 from distributed_emb.ray_config import RayConfig, validate_ray_config
-from distributed_emb.selection import STSB_DEV, check_select_by
+from distributed_emb.selection import (
+    AUTO,
+    STSB_DEV,
+    TEST_SPLIT,
+    check_select_by,
+    documents_split,
+    resolve_auto,
+)
 from distributed_emb.settings import Seed, section
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
@@ -164,16 +173,32 @@ class CompressionEvalConfig:
         ),
     ] = None
     # The other training jobs' key and vocabulary (selection.py); stsb_dev is this job's own
-    # dev choice, the mean over its dev sets. Checked in validate_retrieval.
+    # dev choice, the mean over its dev sets. Checked (auto resolved) in validate_retrieval.
+    # stsb_dev stays the default: auto would choose on the shipped news set's dev split (the
+    # default eval.retrieval_dir), a change of the measured default not re-measured yet.
     select_by: Annotated[
         str,
         Field(
             description="what chooses each head's epoch: stsb_dev (the STS dev mean: STS-B "
             "dev, and SICK-R dev where eval.senteval_dir holds SICK; named as in the other "
-            "training jobs), or retrieval:<split> (nDCG@10 on that split of "
-            "eval.retrieval_dir, e.g. retrieval:dev; never test)"
+            "training jobs), retrieval:<split> (nDCG@10 on that split of eval.retrieval_dir, "
+            "e.g. retrieval:dev) or documents:dev (nDCG@10 on the dev split of the run's "
+            "held-out documents, heldout.*); never test. auto: retrieval:dev when "
+            "eval.retrieval_dir has a dev split, else documents:dev when documents are held "
+            "out, else stsb_dev"
         ),
     ] = STSB_DEV
+    # Passages are several sentences: cut at model.max_seq_length they would be scored on
+    # their first ones. evaluation/yardsticks.py passage_length reads it, as the training
+    # job's eval.documents_max_seq_length.
+    documents_max_seq_length: Annotated[
+        int,
+        Field(
+            ge=8,
+            description="tokens a passage of the held-out documents' yardstick is embedded "
+            "with by the frozen encoder (at most its position limit)",
+        ),
+    ] = 256
     # 5 folds (SimCSE's "fasttest") instead of SentEval's 10, because every method is
     # evaluated: the nested cross-validation is ~600 fits per task and method.
     transfer: TransferConfig = field(default_factory=lambda: TransferConfig(kfold=5))
@@ -231,6 +256,9 @@ class MCR2Config:
     train: HeadTrainingConfig = field(default_factory=HeadTrainingConfig)
     eval: CompressionEvalConfig = field(default_factory=CompressionEvalConfig)
     matryoshka: MatryoshkaConfig = field(default_factory=MatryoshkaConfig)
+    # The documents held out of the heads' training data by the hash every method uses
+    # (data/held_out.py): the run's document-level yardstick (documents_eval/ in output.dir).
+    heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     # train_log.jsonl and TensorBoard/W&B/MLflow in output.dir (each head's epochs, the table);
     # logging_steps: a console line every N epochs of a head.
@@ -285,29 +313,54 @@ class MCR2Config:
                 f"eval.extra_senteval_dirs[{i}]",
                 f"{directory} is not a directory",
             )
-        validate_retrieval(ev)
+        validate_retrieval(ev, self.builds_documents())
         ev.transfer.validate("eval.transfer")
         m = self.matryoshka
         if "matryoshka" in self.baselines and m.positives == "pairs":
             require(self.pairs.source != "none", "matryoshka.positives", "pairs needs pairs")
         validate_ray_config(self.ray)
 
+    def builds_documents(self) -> bool:
+        """Does the run hold documents out, and so build its document-level yardstick?"""
+        return self.heldout.fraction > 0
 
-def validate_retrieval(ev: CompressionEvalConfig) -> None:
+
+# What check_select_by names as the documents' directory: the run writes it.
+HELD_OUT_DOCUMENTS = "the run's held-out documents"
+
+
+def validate_retrieval(ev: CompressionEvalConfig, builds_documents: bool = False) -> None:
     """eval.retrieval_dir is a BEIR directory (or a shipped set) with qrels, each of
-    eval.retrieval_splits is one of its splits, and eval.select_by names stsb_dev or one of
-    them (not test)."""
+    eval.retrieval_splits is one of its splits, and eval.select_by (auto resolved in place,
+    selection.resolve_auto) names stsb_dev, one of them or documents:dev (not test; needs
+    `builds_documents`: held-out documents, heldout.fraction > 0)."""
     splits = ev.retrieval_splits
+    present = None
     if ev.retrieval_dir is None:
         require(splits is None, "eval.retrieval_splits", "given without eval.retrieval_dir")
-        check_select_by(ev.select_by, None, None)
-        return
-    try:
-        present = list_splits(ev.retrieval_dir)
-    except BeirDataError as error:
-        raise ConfigError(f"eval.retrieval_dir: {error}") from None
-    require(bool(present), "eval.retrieval_dir", f"{ev.retrieval_dir}/qrels holds no <split>.tsv")
-    check_select_by(ev.select_by, ev.retrieval_dir, present)
+    else:
+        try:
+            present = list_splits(ev.retrieval_dir)
+        except BeirDataError as error:
+            raise ConfigError(f"eval.retrieval_dir: {error}") from None
+        require(
+            bool(present), "eval.retrieval_dir", f"{ev.retrieval_dir}/qrels holds no <split>.tsv"
+        )
+    if ev.select_by == AUTO:
+        ev.select_by = resolve_auto(AUTO, present, builds_documents)
+    chosen = documents_split(ev.select_by)
+    require(
+        builds_documents or not chosen or chosen == TEST_SPLIT,
+        "eval.select_by",
+        f"{ev.select_by} needs held-out documents (heldout.fraction > 0; it is 0)",
+    )
+    check_select_by(
+        ev.select_by,
+        ev.retrieval_dir,
+        present,
+        documents_dir=HELD_OUT_DOCUMENTS if builds_documents else None,
+        documents_splits=list(HELD_OUT_SPLITS),
+    )
     if splits is None:
         return
     require(bool(splits), "eval.retrieval_splits", "is empty; give a split or null (every split)")

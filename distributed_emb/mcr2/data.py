@@ -31,6 +31,7 @@ from pydantic import Field
 from distributed_emb.checks import require
 from distributed_emb.data.corpus import read_rows
 from distributed_emb.data.documents import DocumentsConfig, read_documents_locally
+from distributed_emb.data.held_out import HeldOutConfig, held_out_split
 from distributed_emb.evaluation.senteval_data import read_sick_relatedness, read_sts_benchmark
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.mcr2.assignments import cluster_ids_from_column
@@ -191,6 +192,9 @@ class TrainingSentences:
     cluster_ids: np.ndarray  # (n,) int64, 0..k−1
     cluster_names: list  # the id column's value of each cluster
     summary: str
+    # The held-out documents ({doc_id, sentences}, one row per id, in file order): never in
+    # texts, cluster_ids or cluster_names; the run's document-level yardstick.
+    held_out: list[dict] = field(default_factory=list)
 
     @property
     def num_clusters(self) -> int:
@@ -224,15 +228,39 @@ class SimilarPairs:
         return len(self.anchors)
 
 
-def load_training_sentences(config: SentencesConfig) -> TrainingSentences:
-    """Sentences and their cluster ids, with per-cluster and overall caps applied."""
+def split_documents(
+    documents: list[dict], heldout: HeldOutConfig | None
+) -> tuple[dict[str, list[str]], list[dict]]:
+    """({id: its sentences} to train on, the held-out documents as {doc_id, sentences} rows):
+    the rows of one id joined in file order, each id held out or not by
+    ``held_out_split(id, heldout.fraction, heldout.seed)`` alone (None: nothing held out), so
+    the two parts share no id, hence no cluster and no sentence of a held-out document."""
+    by_id: dict[str, list[str]] = {}
+    for document in documents:
+        by_id.setdefault(document["doc_id"], []).extend(document["sentences"])
+    if heldout is None or heldout.fraction == 0:
+        return by_id, []
+    held = {d for d in by_id if held_out_split(d, heldout.fraction, heldout.seed) is not None}
+    training = {doc_id: s for doc_id, s in by_id.items() if doc_id not in held}
+    rows = [{"doc_id": doc_id, "sentences": s} for doc_id, s in by_id.items() if doc_id in held]
+    return training, rows
+
+
+def load_training_sentences(
+    config: SentencesConfig, heldout: HeldOutConfig | None = None
+) -> TrainingSentences:
+    """Sentences and their cluster ids, with per-cluster and overall caps applied, the
+    documents `heldout` holds out left out (kept in ``held_out``; None: none held out)."""
     documents_config = config.documents()
     documents, report = read_documents_locally(documents_config, log=False)
     if not documents:
         raise ValueError(f"no usable documents in {documents_config.paths}: {report.summary()}")
-    by_cluster: dict[str, list[str]] = {}
-    for document in documents:
-        by_cluster.setdefault(document["doc_id"], []).extend(document["sentences"])
+    by_cluster, held_rows = split_documents(documents, heldout)
+    if not by_cluster:
+        raise ValueError(
+            f"every document of {documents_config.paths} is held out "
+            f"(heldout.fraction={heldout.fraction}): nothing to train on; lower heldout.fraction"
+        )
 
     rng = np.random.default_rng(config.seed)
     texts: list[str] = []
@@ -251,12 +279,14 @@ def load_training_sentences(config: SentencesConfig) -> TrainingSentences:
         texts, ids = [texts[i] for i in keep], [ids[i] for i in keep]
 
     cluster_ids, names = cluster_ids_from_column(ids, column=config.id_column)
+    splits = [held_out_split(r["doc_id"], heldout.fraction, heldout.seed) for r in held_rows]
     summary = (
         f"{len(texts)} sentences in {len(names)} clusters (column "
         f"{config.id_column!r}); {capped} sentences left out by the caps; "
-        f"{report.summary()}"
+        f"{len(held_rows)} documents held out (dev {splits.count('dev')}, test "
+        f"{splits.count('test')}); {report.summary()}"
     )
-    return TrainingSentences(texts, cluster_ids, names, summary)
+    return TrainingSentences(texts, cluster_ids, names, summary, held_rows)
 
 
 def _sample_pairs(anchors, positives, config: PairsConfig, origin: str) -> SimilarPairs:

@@ -2,18 +2,23 @@
 
 `run` reads top to bottom:
 
-1. `read_inputs`: the training sentences (with cluster ids), the similar pairs and the dev
-   sets that select (STS-B dev, and SICK-R dev where the SentEval data has it; or, with
-   ``eval.select_by=retrieval:<split>``, that split of ``eval.retrieval_dir``).
+1. `read_inputs`: the training sentences (with cluster ids; the documents ``heldout.*`` holds
+   out by the hash every method uses left out, and written as the run's document-level
+   yardstick, ``documents_eval/``), the similar pairs and the dev sets that select (STS-B
+   dev, and SICK-R dev where the SentEval data has it; or, with
+   ``eval.select_by=retrieval:<split>``, that split of ``eval.retrieval_dir``; with
+   ``documents:dev``, the yardstick's dev split).
 2. `embed_inputs`: all of them through the frozen encoder in one Ray Data pass (cached on disk;
-   a retrieval split that selects in a pass of its own, so its cache key is its own).
+   a retrieval split that selects in a pass of its own, so its cache key is its own; the
+   yardstick's passages at ``passage_length`` tokens, evaluation/yardsticks.py).
 3. `train_heads`, `fit_methods`: for each output size an MCR² head (best epoch by
-   ``eval.select_by``: the dev avg, or the retrieval split's nDCG@10), and PCA and a random
-   projection fitted on the same training vectors.
+   ``eval.select_by``: the dev avg, or the retrieval or documents split's nDCG@10), and PCA
+   and a random projection fitted on the same training vectors.
 4. `evaluate_methods`: every method, and the uncompressed encoder, through the evaluation
    suite on the tasks present in the SentEval directory and on the splits of the BEIR
-   directory ``eval.retrieval_dir`` (the shipped news set by default); each distinct sentence
-   is embedded once for all methods.
+   directory ``eval.retrieval_dir`` (the shipped news set by default), and on the dev and
+   test splits of the held-out documents' yardstick; each distinct sentence is embedded once
+   for all methods.
 5. `export_heads`, `write_outputs`: each head with its encoder as a SentenceTransformer
    directory under ``models/``; ``results.json``, ``results.md`` (the table, each row's
    difference from the uncompressed encoder and each head's from PCA at its size, with their
@@ -32,6 +37,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,7 +49,14 @@ import torch
 
 from distributed_emb.atomic_files import write_text_atomic
 from distributed_emb.evaluation import senteval_data as sd
-from distributed_emb.evaluation.beir import RetrievalSplit, read_split
+from distributed_emb.evaluation.beir import (
+    RetrievalSplit,
+    list_splits,
+    read_split,
+    read_splits,
+    score_splits,
+)
+from distributed_emb.evaluation.document_topics import write_held_out_yardstick
 from distributed_emb.evaluation.results_tables import write_results
 from distributed_emb.evaluation.suite import (
     GROUPS as TASK_GROUPS,
@@ -56,8 +69,10 @@ from distributed_emb.evaluation.suite import (
     evaluate,
     resolve_tasks,
 )
+from distributed_emb.evaluation.yardsticks import passage_length
 from distributed_emb.mcr2.baselines import fit_baseline
 from distributed_emb.mcr2.comparison_report import (
+    DOCUMENTS,
     PLOT_FILE,
     comparison_panels,
     intervals_table,
@@ -85,13 +100,22 @@ from distributed_emb.mcr2.train import (
 )
 from distributed_emb.paths import shipped_senteval_dir
 from distributed_emb.plots import write_panels
-from distributed_emb.selection import SELECT_BY, STSB_DEV, describe, retrieval_split
+from distributed_emb.selection import (
+    SELECT_BY,
+    STSB_DEV,
+    describe,
+    documents_split,
+    retrieval_split,
+    selected_metric,
+)
 from distributed_emb.tracking import MetricsSinks
 
 log = logging.getLogger(__name__)
 
 # The heads' training sentences with their cluster ids: the corpus of jobs/finetune_mcr2.py.
 TRAINING_SENTENCES_FILE = "training_sentences.parquet"
+# The held-out documents' yardstick (BEIR layout) in output.dir, as InfoCSE's rounds name it.
+DOCUMENTS_EVAL_DIR = "documents_eval"
 
 Projection = Callable[[np.ndarray], np.ndarray]
 # (output size, method) → projection of the frozen encoder's vectors, or a TextMethod
@@ -106,8 +130,12 @@ class RunInputs:
     dev: dict[str, sd.StsData]  # "stsb_dev", and "sickr_dev" where senteval_dir has SICK
     # Every evaluation directory: senteval_dir, then eval.extra_senteval_dirs.
     eval_dirs: list[str] = dataclasses.field(default_factory=list)
-    # eval.select_by=retrieval:<split>: that split of eval.retrieval_dir chooses the epochs.
+    # The split that chooses the epochs: eval.select_by=retrieval:<split>, that split of
+    # eval.retrieval_dir; documents:dev, the dev split of documents_dir.
     retrieval_dev: RetrievalSplit | None = None
+    # The held-out documents' yardstick (BEIR layout) the run wrote; None: none held out, or
+    # none with 2 passages.
+    documents_dir: str | None = None
 
 
 @dataclass
@@ -205,8 +233,9 @@ def run(config: MCR2Config) -> dict:
         inputs = read_inputs(config)
         inputs.sentences.write_parquet(output_dir / TRAINING_SENTENCES_FILE)
         encoder = CachedEncoder(config.model)
+        passages = passage_encoder(config, encoder.model_path)
         with _timed(timings, "encode_training_s"):
-            data, pairs_summary = embed_inputs(config, inputs, encoder)
+            data, pairs_summary = embed_inputs(config, inputs, encoder, passages)
         log.info(
             "embedded training data in %.1f s (%s)", timings["encode_training_s"], encoder.stats
         )
@@ -219,7 +248,7 @@ def run(config: MCR2Config) -> dict:
                 matryoshka = train_matryoshka_baseline(config, inputs, output_dir)
                 methods.update(matryoshka_methods(config, matryoshka, encoder))
         with _timed(timings, "evaluate_s"):
-            evaluation = evaluate_methods(config, methods, encoder, inputs, sinks)
+            evaluation = evaluate_methods(config, methods, encoder, inputs, sinks, passages)
         exported = {}
         if config.export:
             with _timed(timings, "export_s"):
@@ -238,6 +267,10 @@ def run(config: MCR2Config) -> dict:
             "selected_on": selected_on(config.eval.select_by, list(inputs.dev)),
             "sentences": inputs.sentences.summary,
             "pairs": pairs_summary,
+            # Held out of the sentences, the clusters and the pairs (heldout.*): the run's
+            # document-level yardstick, scored for every method on its dev and test splits.
+            "documents_dir": inputs.documents_dir,
+            "held_out_documents": len(inputs.sentences.held_out),
             "heads": {
                 dim: {
                     "best_epoch": h.best_epoch,
@@ -269,21 +302,66 @@ def run(config: MCR2Config) -> dict:
 
 
 def read_inputs(config: MCR2Config) -> RunInputs:
-    sentences = load_training_sentences(config.sentences)
+    """The training sentences (the held-out documents left out, their yardstick written to
+    output.dir/documents_eval), the pairs, the dev sets and the split that chooses."""
+    sentences = load_training_sentences(config.sentences, config.heldout)
     log.info("training sentences: %s", sentences.summary)
+    documents_dir = write_documents_yardstick(config, sentences.held_out)
     pairs = load_similar_pairs(config.pairs)
     if pairs is not None:
         log.info("similar pairs: %s", pairs.summary)
     senteval_dir = config.eval.senteval_dir or shipped_senteval_dir()
-    split = retrieval_split(config.eval.select_by)
     return RunInputs(
         sentences,
         pairs,
         senteval_dir,
         read_dev_sets(senteval_dir),
         [senteval_dir, *config.eval.extra_senteval_dirs],
-        None if split is None else read_split(config.eval.retrieval_dir, split),
+        read_selection_split(config, documents_dir),
+        documents_dir,
     )
+
+
+def write_documents_yardstick(config: MCR2Config, held_rows: list[dict]) -> str | None:
+    """The held-out documents' yardstick (evaluation/document_topics.py) in
+    output.dir/documents_eval, replacing a previous run's; None when no document is held out
+    or none has 2 passages."""
+    target = Path(config.output.dir) / DOCUMENTS_EVAL_DIR
+    if target.exists():
+        shutil.rmtree(target)  # a previous run's splits must not outlive it
+    if not held_rows:
+        return None
+    return write_held_out_yardstick(
+        held_rows, config.heldout, config.sentences.documents().paths, target
+    )
+
+
+def read_selection_split(config: MCR2Config, documents_dir: str | None) -> RetrievalSplit | None:
+    """The split eval.select_by chooses the heads' epochs on: retrieval:<split> of
+    eval.retrieval_dir, documents:dev of the run's yardstick; None for stsb_dev."""
+    select_by = config.eval.select_by
+    split = retrieval_split(select_by)
+    if split is not None:
+        return read_split(config.eval.retrieval_dir, split)
+    split = documents_split(select_by)
+    if split is None:
+        return None
+    if documents_dir is None or split not in list_splits(documents_dir):
+        raise ValueError(
+            f"eval.select_by={select_by}: no held-out {split} document has 2 passages "
+            f"(heldout.fraction={config.heldout.fraction}, heldout.seed={config.heldout.seed} "
+            f"of {config.sentences.documents().paths}); raise heldout.fraction or choose by "
+            f"{STSB_DEV}"
+        )
+    return read_split(documents_dir, split)
+
+
+def passage_encoder(config: MCR2Config, model_path: str) -> CachedEncoder:
+    """The frozen encoder at the yardstick's passage length (yardsticks.passage_length:
+    eval.documents_max_seq_length, at most the model's position limit); cached apart from the
+    sentences' vectors (the length is in the cache key)."""
+    length = passage_length(config.eval, model_path)
+    return CachedEncoder(dataclasses.replace(config.model, max_seq_length=length))
 
 
 def read_dev_sets(senteval_dir: str) -> dict[str, sd.StsData]:
@@ -296,10 +374,14 @@ def read_dev_sets(senteval_dir: str) -> dict[str, sd.StsData]:
 
 
 def embed_inputs(
-    config: MCR2Config, inputs: RunInputs, encoder: CachedEncoder
+    config: MCR2Config,
+    inputs: RunInputs,
+    encoder: CachedEncoder,
+    passages: CachedEncoder | None = None,
 ) -> tuple[HeadTrainingData, str]:
     """The frozen encoder's vectors of everything the heads train and select on, embedded in
-    one pass; and a one-line description of the pair term's data."""
+    one pass; and a one-line description of the pair term's data. `passages`: the encoder of
+    the held-out documents' passages (passage_encoder), needed with documents:dev."""
     sentences, pairs = inputs.sentences, inputs.pairs
     train_texts = sentences.texts + (pairs.anchors + pairs.positives if pairs else [])
     dev_texts = [s for dev in inputs.dev.values() for s in dev.sentences1 + dev.sentences2]
@@ -317,12 +399,7 @@ def embed_inputs(
         pairs_summary = f"{limit} dropout-view pairs of training sentences"
     else:
         pair_vectors, pairs_summary = None, "no pair term"
-    retrieval = None
-    if inputs.retrieval_dev is not None:
-        split = inputs.retrieval_dev
-        # Once, for every head and epoch; the evaluation's search of it then hits memory.
-        vectors = encoder([*split.query_texts, *split.corpus_texts])  # (q + c, D)
-        retrieval = RetrievalDevSet(split, vectors)
+    retrieval = selection_set(config, inputs, encoder, passages)
     data = HeadTrainingData(
         x,
         sentences.cluster_ids if config.assignments.source == "column" else None,
@@ -334,6 +411,26 @@ def embed_inputs(
         retrieval,
     )
     return data, pairs_summary
+
+
+def selection_set(
+    config: MCR2Config,
+    inputs: RunInputs,
+    encoder: CachedEncoder,
+    passages: CachedEncoder | None,
+) -> RetrievalDevSet | None:
+    """The split that chooses each head's epoch with its frozen-encoder vectors, embedded once
+    for every head and epoch (the evaluation's search of it then hits memory): a retrieval
+    split by `encoder`, the documents' dev split by `passages`; None for stsb_dev."""
+    split = inputs.retrieval_dev
+    if split is None:
+        return None
+    documents = documents_split(config.eval.select_by) is not None
+    if documents and passages is None:
+        raise ValueError(f"eval.select_by={config.eval.select_by} needs the passage encoder")
+    embed = passages if documents else encoder
+    vectors = embed([*split.query_texts, *split.corpus_texts])  # (q + c, D)
+    return RetrievalDevSet(split, vectors, selected_metric(config.eval.select_by))
 
 
 def train_heads(
@@ -368,6 +465,8 @@ class TextMethod:
     frozen encoder's vectors."""
 
     encode: Callable[[list[str]], np.ndarray]
+    # The held-out documents' passages (at the passage length); None: `encode`.
+    encode_passages: Callable[[list[str]], np.ndarray] | None = None
 
 
 def train_matryoshka_baseline(config: MCR2Config, inputs: RunInputs, output_dir: Path):
@@ -397,11 +496,16 @@ def train_matryoshka_baseline(config: MCR2Config, inputs: RunInputs, output_dir:
 def matryoshka_methods(config: MCR2Config, trained, encoder: CachedEncoder) -> Methods:
     """The fine-tuned encoder truncated to each output size; its vectors are cached like the
     frozen encoder's (its own directory, so its own cache keys)."""
-    tuned = CachedEncoder(
-        dataclasses.replace(config.model, path=trained.path, pooler=None),
+    tuned_config = dataclasses.replace(config.model, path=trained.path, pooler=None)
+    tuned = CachedEncoder(tuned_config)
+    tuned_passages = CachedEncoder(
+        dataclasses.replace(tuned_config, max_seq_length=passage_length(config.eval, trained.path))
     )
     return {
-        (dim, "matryoshka"): TextMethod(lambda texts, dim=dim: truncate(tuned(texts), dim))
+        (dim, "matryoshka"): TextMethod(
+            lambda texts, dim=dim: truncate(tuned(texts), dim),
+            lambda texts, dim=dim: truncate(tuned_passages(texts), dim),
+        )
         for dim in config.output_dims
     }
 
@@ -426,9 +530,11 @@ def evaluate_methods(
     encoder: CachedEncoder,
     inputs: RunInputs,
     sinks: MetricsSinks,
+    passages: CachedEncoder | None = None,
 ) -> Evaluation:
-    """Every method through the suite, on the tasks present; each table row also goes to the
-    sinks (kind = method, step = output size)."""
+    """Every method through the suite, on the tasks present, and on the held-out documents'
+    splits (their passages through `passages`, the frozen encoder at the passage length);
+    each table row also goes to the sinks (kind = method, step = output size)."""
     placed, absent = tasks_by_dir(inputs.eval_dirs or [inputs.senteval_dir], config.eval.tasks)
     tasks = [task for dir_tasks in placed.values() for task in dir_tasks]
     if absent:
@@ -455,14 +561,21 @@ def evaluate_methods(
                 )
             )
         )
+    documents = []  # the yardstick's splits, read once, its corpus shared
+    if inputs.documents_dir is not None and passages is not None:
+        documents = read_splits(inputs.documents_dir, list_splits(inputs.documents_dir))
     evaluation = Evaluation([], {}, tasks, absent)
     for (dim, method), project in methods.items():
         if isinstance(project, TextMethod):
             encode = project.encode
+            encode_passages = project.encode_passages or encode
         else:
 
             def encode(texts: list[str], project=project) -> np.ndarray:
                 return project(encoder(texts))  # the frozen encoder's vectors are cached
+
+            def encode_passages(texts: list[str], project=project) -> np.ndarray:
+                return project(passages(texts))
 
         def embed_dev(name: str, side: int, encode=encode) -> np.ndarray:
             dev = inputs.dev[name]
@@ -470,6 +583,10 @@ def evaluate_methods(
 
         selection = dev_scores(embed_dev, {name: dev.scores for name, dev in inputs.dev.items()})
         output = merge_outputs([evaluate(c, encode=encode) for c in eval_configs])
+        if documents:
+            # The same search and scorer as the suite's BEIR splits (and the selection's).
+            output[DOCUMENTS] = score_splits(encode_passages, documents)
+            output["documents_dir"] = inputs.documents_dir
         evaluation.suite_outputs[f"{method}-{dim}"] = output
         summary = summarise(output, selection)
         evaluation.rows.append({"dim": dim, "method": method, **summary})
@@ -564,6 +681,9 @@ def _markdown_report(results: dict, table: str) -> str:
         ),
         f"- retrieval (BEIR layout, nDCG@10 × 100): "
         f"{results['config']['eval']['retrieval_dir'] or 'none'}",
+        f"- held-out documents (topic retrieval among their passages, nDCG@10 × 100; "
+        f"{training['held_out_documents']} documents never trained on): "
+        f"{training['documents_dir'] or 'none'}",
         f"- SentEval dirs: {', '.join(results['senteval_dirs'])} (STS-B dev from "
         f"{results['senteval_dir']})",
         f"- wall time (s): {timings}",

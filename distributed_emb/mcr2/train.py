@@ -1,7 +1,8 @@
 """Train one MCR² compression head on cached encoder vectors; keep the best epoch on the dev
 sets (STS-B dev, and SICK-R dev where the SentEval data has it: their mean Spearman), or, with
-eval.select_by=retrieval:<split>, on nDCG@10 of that retrieval split (evaluation/beir.py's
-search and metrics over the head's projection of the split's cached vectors).
+eval.select_by=retrieval:<split> or documents:dev, on nDCG@10 of that retrieval split or of
+the held-out documents' dev split (evaluation/beir.py's search and metrics over the head's
+projection of the split's cached vectors: one path for both).
 
 Everything here is vectors in, vectors out: the frozen encoder ran once beforehand
 (``mcr2/embeddings.py``), so an epoch over a few thousand sentences takes well under a second
@@ -38,11 +39,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RetrievalDevSet:
-    """The retrieval split that chooses each head's epoch (eval.select_by=retrieval:<split>),
-    its texts embedded once by the frozen encoder: an epoch is then a matmul and a search."""
+    """The retrieval split that chooses each head's epoch (eval.select_by=retrieval:<split>,
+    or documents:dev: the held-out documents' yardstick, its passages embedded at the
+    passage length), its texts embedded once by the frozen encoder: an epoch is then a matmul
+    and a search."""
 
     split: RetrievalSplit  # the corpus, the split's queries and their qrels
     vectors: np.ndarray  # (q + c, D) frozen-encoder vectors of query_texts, then corpus_texts
+    # The history key of its score, as the table's (selection.selected_metric):
+    # retrieval_<split>_ndcg_at_10, or documents_<split>_ndcg_at_10; "": the former.
+    metric: str = ""
     # search() hands texts to its encode function: each text's row in `vectors` (a text that is
     # both a query and a document has one vector, the frozen encoder being deterministic).
     rows: dict[str, int] = field(init=False, repr=False)
@@ -53,11 +59,7 @@ class RetrievalDevSet:
             raise ValueError(f"{self.vectors.shape[0]} vectors for {len(texts)} texts")
         self.vectors = np.ascontiguousarray(self.vectors, dtype=np.float32)
         self.rows = {text: row for row, text in enumerate(texts)}
-
-    @property
-    def metric(self) -> str:
-        """The history key of its score: retrieval_<split>_ndcg_at_10, as the table's."""
-        return retrieval_metric(self.split.name)
+        self.metric = self.metric or retrieval_metric(self.split.name)
 
 
 @dataclass
@@ -68,7 +70,8 @@ class HeadTrainingData:
     # STS dev sets by name ("stsb_dev", "sickr_dev"): (p, D), (p, D), (p,) gold scores each.
     # The mean of their Spearmans ("dev_avg") picks the epoch unless `retrieval` is given.
     dev: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-    # eval.select_by=retrieval:<split>: that split's nDCG@10 picks the epoch instead.
+    # eval.select_by=retrieval:<split> or documents:dev: that split's nDCG@10 picks the epoch
+    # instead.
     retrieval: RetrievalDevSet | None = None
 
     def select_key(self) -> str:
@@ -140,12 +143,24 @@ def epoch_scores(head: CompressionHead, data: HeadTrainingData) -> dict[str, flo
     return scores
 
 
+def best_epoch(history: list[dict], select_key: str) -> int:
+    """The epoch a head is kept at: the highest `select_key` (HeadTrainingData.select_key:
+    dev_avg, or the nDCG@10 of the split eval.select_by names), the earlier on a tie; a row
+    whose score is NaN never wins over the first row."""
+    best = history[0]
+    for row in history[1:]:
+        if row[select_key] > best[select_key]:
+            best = row
+    return best["epoch"]
+
+
 def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """A shuffled pass over n rows; a last batch shorter than half a batch joins the previous."""
     order = torch.randperm(n, generator=generator)
     batches = list(torch.split(order, batch_size))
     if len(batches) > 1 and len(batches[-1]) < batch_size // 2:
-        batches[-2] = torch.cat([batches[-2], batches.pop()])
+        last = batches.pop()  # popped first: `batches[-2] = cat(..., pop())` indexes after it
+        batches[-1] = torch.cat([batches[-1], last])
     return batches
 
 
@@ -226,7 +241,7 @@ def train_head(
         row = {"epoch": epoch, **{k: v / len(batches) for k, v in sums.items()}}
         row.update(epoch_scores(head, data))
         history.append(row)
-        if row[select_key] > best["dev"][select_key]:
+        if best_epoch(history, select_key) == epoch:
             best = {"epoch": epoch, "dev": {k: row[k] for k in chosen_keys}}
             best_state = (
                 copy.deepcopy(head.state_dict()),

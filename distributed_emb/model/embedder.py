@@ -15,6 +15,13 @@ dataset with an embedding column (or whatever an Embedder subclass returns) out.
 corpus embedding job (vectors/corpus_embedding.py) gives it corpus blocks to write as shards.
 Ray Data does not promise to keep row order across an actor pool, so each row carries its
 input index and the output is put back in order by it.
+
+Prompts: ``embed(sentences, role)`` embeds queries (`role` "query") and documents ("document")
+as sentence-transformers' ``encode_query`` / ``encode_document`` do, with the model's own
+prompts (model_config.py :func:`role_prompt`) unless `query_prompt` / `document_prompt`
+(settings `prompts.*`) say otherwise; no role is ``encode`` (its default prompt, if any), for
+the symmetric tasks (STS, transfer, training's evaluation). :class:`RoleEncoders` gives an
+evaluation the three encoders at once.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
 import torch
 
+from distributed_emb.model.model_config import ROLES, role_prompt
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
 from distributed_emb.resource_plan import Extra, check_pool_plan
 from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
@@ -43,6 +52,9 @@ class Embedder:
 
     Input batches are dicts of numpy arrays (``batch_format="numpy"``) with a text column;
     the output batch is the input plus ``output_column`` holding a (B, d) float32 array.
+    `embed_as`: the role ("query", "document") :meth:`embed` and the batches embed texts as
+    when none is given (None: plain ``encode``). `query_prompt`, `document_prompt`: the text
+    put before a query or a document instead of the model's own ("": none; None: the model's).
     """
 
     def __init__(
@@ -57,7 +69,12 @@ class Embedder:
         torch_threads: int | None = None,
         normalize: bool = False,
         trust_remote_code: bool = False,
+        embed_as: str | None = None,
+        query_prompt: str | None = None,
+        document_prompt: str | None = None,
     ) -> None:
+        if embed_as is not None and embed_as not in ROLES:
+            raise ValueError(f"embed_as must be one of {ROLES} or None, got {embed_as!r}")
         if torch_threads is not None:
             # Ray sets OMP threads from the actor's (possibly fractional) CPU share; an
             # explicit count lets one actor use the whole machine when it is alone on it.
@@ -73,6 +90,16 @@ class Embedder:
         self.text_column = text_column
         self.output_column = output_column
         self.normalize = normalize
+        self.embed_as = embed_as
+        self.prompt_settings = {"query": query_prompt, "document": document_prompt}
+
+    def prompt(self, role: str | None) -> str:
+        """The text put before each text embedded as `role` ("" for none): the setting, else
+        what the model's own prompts give (sentence-transformers' choice)."""
+        override = self.prompt_settings.get(role or "")
+        if override is not None:
+            return override
+        return role_prompt(self.model.prompts, self.model.default_prompt_name, role)
 
     @property
     def normalizes(self) -> bool:
@@ -84,15 +111,26 @@ class Embedder:
     def dimension(self) -> int:
         return int(self.model.get_embedding_dimension())
 
-    def embed(self, sentences: Sequence[str]) -> np.ndarray:
-        """(n, d) float32 embeddings of `sentences`, in order."""
-        embeddings = self.model.encode(
-            list(sentences),
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-            normalize_embeddings=self.normalize,
-        )
+    def embed(self, sentences: Sequence[str], role: str | None = None) -> np.ndarray:
+        """(n, d) float32 embeddings of `sentences`, in order, embedded as `role`: "query"
+        (``encode_query``), "document" (``encode_document``), each with :meth:`prompt`; None:
+        the embedder's `embed_as`, and with none either plain ``encode``."""
+        role = role or self.embed_as
+        options = {
+            "batch_size": self.batch_size,
+            "convert_to_numpy": True,
+            "show_progress_bar": False,
+            "normalize_embeddings": self.normalize,
+        }
+        if role is None:
+            embeddings = self.model.encode(list(sentences), **options)
+        elif role in ROLES:
+            # The prompt given explicitly ("" for none): sentence-transformers then prepends
+            # exactly it; the method still tells a Router model which route to take.
+            method = self.model.encode_query if role == "query" else self.model.encode_document
+            embeddings = method(list(sentences), prompt=self.prompt(role), **options)
+        else:
+            raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
         return np.asarray(embeddings, dtype=np.float32).reshape(len(sentences), -1)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -187,6 +225,9 @@ def encoding_pool(
     max_tasks_in_flight_per_actor: int | None = None,
     role: str = "encoding actors",
     fix: str = "the encoder's concurrency or num_cpus_per_actor",
+    embed_as: str | None = None,
+    query_prompt: str | None = None,
+    document_prompt: str | None = None,
 ) -> ray.data.Dataset:
     """`dataset` through a pool of `concurrency` encoding actors: each loads the model once
     (`embedder_class`, an :class:`Embedder` or a subclass given `embedder_kwargs` besides the
@@ -201,7 +242,9 @@ def encoding_pool(
     with its unfinished calls retried on it; None keeps Ray Data's default (without end).
     `max_tasks_in_flight_per_actor`: calls queued on one actor (None: Ray Data's default); a
     small queue keeps few large calls from piling onto the first actor up.
-    `role` and `fix` name the pool and the settings that size it in a plan error."""
+    `role` and `fix` name the pool and the settings that size it in a plan error.
+    `embed_as`, `query_prompt`, `document_prompt`: each actor's :class:`Embedder` settings
+    (the rows embedded as queries or documents, and the prompts)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not ray.is_initialized():
@@ -231,6 +274,9 @@ def encoding_pool(
                 "torch_threads": torch_threads,
                 "normalize": normalize,
                 "trust_remote_code": trust_remote_code,
+                "embed_as": embed_as,
+                "query_prompt": query_prompt,
+                "document_prompt": document_prompt,
                 **(embedder_kwargs or {}),
             },
             batch_size=batch_size if rows_per_call is None else rows_per_call,
@@ -255,8 +301,12 @@ def ray_encode(
     num_gpus_per_actor: float | None = None,
     torch_threads: int | None = None,
     stall_timeout_s: float | None = DEFAULT_STALL_TIMEOUT_S,
+    embed_as: str | None = None,
+    query_prompt: str | None = None,
+    document_prompt: str | None = None,
 ) -> np.ndarray:
     """Embed `sentences` with a Ray Data actor pool; returns (n, d) float32 in input order.
+    `embed_as` ("query", "document", None: plain) and the prompts: :class:`Embedder`'s.
 
     Uses the running Ray instance (or starts a local one). `num_cpus_per_actor` defaults to
     a share that leaves one CPU free (:func:`default_cpus_per_actor`); `num_gpus_per_actor`
@@ -288,6 +338,9 @@ def ray_encode(
         num_cpus_per_actor=num_cpus_per_actor,
         num_gpus_per_actor=num_gpus_per_actor,
         torch_threads=torch_threads,
+        embed_as=embed_as,
+        query_prompt=query_prompt,
+        document_prompt=document_prompt,
     ).select_columns([INDEX_COLUMN, EMBEDDING_COLUMN])
 
     indices: list[np.ndarray] = []
@@ -327,30 +380,75 @@ def make_encoder(
     use_ray: bool = True,
     **ray_options: Any,
 ) -> Callable[[list[str]], np.ndarray]:
-    """An ``encode(sentences) -> (n, d)`` function for the metrics.
+    """An ``encode(sentences) -> (n, d)`` function for the metrics (plain ``encode``: no
+    query or document role; :func:`make_encoders` for those).
 
     With ``use_ray`` each call runs :func:`ray_encode` (a fresh actor pool: call it with all
     of a task's sentences at once); without it the model is loaded once, in this process.
     """
+    return make_encoders(
+        model_path, pooler, batch_size, max_seq_length, use_ray=use_ray, **ray_options
+    ).plain
+
+
+@dataclass(frozen=True)
+class RoleEncoders:
+    """One model's three encoders: `plain` (``encode``: STS, transfer), `query` and
+    `document` (``encode_query`` / ``encode_document`` with the prompts settings)."""
+
+    plain: Callable[[list[str]], np.ndarray]
+    query: Callable[[list[str]], np.ndarray]
+    document: Callable[[list[str]], np.ndarray]
+
+    @property
+    def pair(self) -> tuple[Callable, Callable]:
+        """(query encoder, document encoder): what evaluation/beir.py searches with."""
+        return self.query, self.document
+
+
+def make_encoders(
+    model_path: str,
+    pooler: str | None = None,
+    batch_size: int = 128,
+    max_seq_length: int | None = None,
+    use_ray: bool = True,
+    query_prompt: str | None = None,
+    document_prompt: str | None = None,
+    **ray_options: Any,
+) -> RoleEncoders:
+    """:class:`RoleEncoders` of the model at `model_path`. With ``use_ray`` each call of any
+    of them runs :func:`ray_encode` (a fresh actor pool); without it the model is loaded
+    once, in this process, for all three. `query_prompt`, `document_prompt`: the prompts
+    settings (None: the model's own)."""
+    prompts = {"query_prompt": query_prompt, "document_prompt": document_prompt}
     if use_ray:
 
-        def encode_with_ray(sentences: list[str]) -> np.ndarray:
-            return ray_encode(
-                sentences,
-                model_path,
-                pooler=pooler,
-                batch_size=batch_size,
-                max_seq_length=max_seq_length,
-                **ray_options,
-            )
+        def encoder(embed_as: str | None) -> Callable[[list[str]], np.ndarray]:
+            def encode_with_ray(sentences: list[str]) -> np.ndarray:
+                return ray_encode(
+                    sentences,
+                    model_path,
+                    pooler=pooler,
+                    batch_size=batch_size,
+                    max_seq_length=max_seq_length,
+                    embed_as=embed_as,
+                    **prompts,
+                    **ray_options,
+                )
 
-        return encode_with_ray
+            return encode_with_ray
+
+        return RoleEncoders(encoder(None), encoder("query"), encoder("document"))
     if ray_options:
         raise ValueError(f"Ray options {sorted(ray_options)} given with use_ray=False")
     embedder = Embedder(
-        model_path, pooler=pooler, batch_size=batch_size, max_seq_length=max_seq_length
+        model_path, pooler=pooler, batch_size=batch_size, max_seq_length=max_seq_length, **prompts
     )
-    return embedder.embed
+    return RoleEncoders(
+        embedder.embed,
+        lambda sentences: embedder.embed(sentences, role="query"),
+        lambda sentences: embedder.embed(sentences, role="document"),
+    )
 
 
 class EmbeddingLookup:

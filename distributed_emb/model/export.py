@@ -7,6 +7,10 @@ pooling instead, so `SentenceTransformer(path)` computes exactly `model/embedder
 `embed_module` (L2-normalised in the last cases; checked by tests/model/test_export.py and
 tests/train/test_mcr2_finetune.py).
 
+The export keeps the given model's prompts (its config_sentence_transformers.json `prompts` and
+`default_prompt_name`): an E5- or BGE-style model trained here still embeds a query with its
+query prompt and a passage with its document prompt, as the model it started from did.
+
 With a `ModelCardInfo` (model/model_card.py) the directory's README.md is a filled model card:
 base model, licence, corpus, method and objective, hyperparameters, STS-B scores, command.
 """
@@ -25,6 +29,7 @@ from distributed_emb.model.model_card import (
     card_data,
     write_readme,
 )
+from distributed_emb.model.model_config import read_saved_prompts
 from distributed_emb.model.sentence_transformer import (
     _st_modules,
     dense_module,
@@ -41,12 +46,14 @@ def export_sentence_transformer(
     include_mlp: bool = False,
     normalize: bool = False,
     card: ModelCardInfo | None = None,
+    prompts_from: str | None = None,
 ) -> str:
     """`max_seq_length`: the export's (see model_card.export_max_seq_length: the base model's,
     not the training length). `normalize`: end with a Normalize module (unit-length
     embeddings), for a model trained from one that had it, so the export keeps its starting
     model's output contract. `card`: what the README.md says (None: sentence-transformers'
-    bare card)."""
+    bare card). `prompts_from`: the model whose prompts the export keeps (None: the one the
+    encoder was built from, `encoder.model_path`; a plain Hugging Face model has none)."""
     from sentence_transformers import SentenceTransformer  # startup
 
     modules = _st_modules()
@@ -64,8 +71,13 @@ def export_sentence_transformer(
             stack += [dense_module(linear, act) for linear, act in head.layers_for_export()]
         if normalize or head is not None:  # the head's output is unit length
             stack.append(modules.Normalize())
+        prompts, default_prompt_name = read_saved_prompts(prompts_from or encoder.model_path)
         model = SentenceTransformer(
-            modules=stack, device="cpu", model_card_data=card_data(card) if card else None
+            modules=stack,
+            device="cpu",
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
+            model_card_data=card_data(card) if card else None,
         )
         if card is not None:
             add_eval_results(model, card)

@@ -1,9 +1,19 @@
-"""The encoder's settings (`model.*`) and the check that a model path is one, before Ray."""
+"""The encoder's settings (`model.*`), the prompt settings (`prompts.*`) and the prompt a
+model puts before a query or a document, and the check that a model path is one, before Ray.
+
+Prompts are sentence-transformers' own: a model's ``prompts`` dict and
+``default_prompt_name`` (saved in config_sentence_transformers.json). :func:`role_prompt` is
+the one place that decides which prompt a text gets, exactly as sentence-transformers 6.2's
+``encode_query`` / ``encode_document`` / ``encode`` choose it; the torch path
+(model/embedder.py) and the ONNX path (model/onnx_embedder.py) both prepend what it returns.
+No torch here: the ONNX server and the config checks read it.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -59,6 +69,114 @@ class ModelConfig:
         from distributed_emb.storage import local_model_dir
 
         return local_model_dir(self.path or default_model_path())
+
+
+# --- prompts ---------------------------------------------------------------------------------
+
+Role = Literal["query", "document"]
+ROLES: tuple[str, ...] = ("query", "document")
+# The prompt names encode_document tries, in its order; encode_query tries "query" alone.
+_ROLE_PROMPT_NAMES = {"query": ("query",), "document": ("document", "passage", "corpus")}
+# What a SentenceTransformer holds before its saved prompts are read (its _default_prompts,
+# None placeholders that become ""): "query" and "document" are always keys of model.prompts,
+# so encode_query / encode_document never fall back to default_prompt_name on such a model.
+_LOADED_PROMPT_KEYS = ("query", "document")
+ST_CONFIG_FILE = "config_sentence_transformers.json"
+
+
+@section
+class PromptSettings:
+    """The prompts put before queries and documents, one declaration for every job that
+    embeds them (evaluation, embed, search): `prompts.query`, `prompts.document`."""
+
+    query: Annotated[
+        str | None,
+        Field(
+            description="text put before each query (BEIR evaluation, search); null: the "
+            "model's own, as SentenceTransformer.encode_query (its 'query' prompt, else its "
+            "default prompt); '': none"
+        ),
+    ] = None
+    document: Annotated[
+        str | None,
+        Field(
+            description="text put before each document (BEIR corpus, embedded corpus rows); "
+            "null: the model's own, as SentenceTransformer.encode_document (its 'document', "
+            "'passage' or 'corpus' prompt, else its default prompt); '': none"
+        ),
+    ] = None
+
+    def override(self, role: str | None) -> str | None:
+        """The setting for `role` (None: the model's own; plain encoding has no setting)."""
+        return {"query": self.query, "document": self.document}.get(role or "")
+
+
+def role_prompt(
+    prompts: Mapping[str, str | None], default_prompt_name: str | None, role: str | None
+) -> str:
+    """The text sentence-transformers 6.2 puts before a text embedded as `role` by a model with
+    `prompts` and `default_prompt_name` ("" for none): "query" as ``encode_query`` (the
+    "query" prompt when the model has that key), "document" as ``encode_document`` (the first
+    of "document", "passage", "corpus" it has), else, and for `role` None (``encode``), the
+    default prompt. `prompts` is the loaded model's dict (``model.prompts``, or
+    :func:`loaded_prompts` of a saved config)."""
+    if role is not None and role not in _ROLE_PROMPT_NAMES:
+        raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
+    for name in _ROLE_PROMPT_NAMES.get(role or "", ()):
+        if name in prompts:
+            return prompts[name] or ""
+    if default_prompt_name is not None:
+        return prompts.get(default_prompt_name) or ""
+    return ""
+
+
+def loaded_prompts(saved: Mapping[str, str | None] | None) -> dict[str, str]:
+    """``model.prompts`` of a SentenceTransformer loaded from a directory whose config saved
+    `saved`: its empty "query" and "document" placeholders, then the saved prompts."""
+    prompts = dict.fromkeys(_LOADED_PROMPT_KEYS, "")
+    prompts.update({name: text or "" for name, text in (saved or {}).items()})
+    return prompts
+
+
+def read_saved_prompts(path: str | None) -> tuple[dict[str, str], str | None]:
+    """(``model.prompts``, ``default_prompt_name``) that loading the sentence-transformers
+    model at `path` (a local directory, or a hub name already in the local cache) gives, from
+    its config_sentence_transformers.json, without loading it; no config: no prompts."""
+    config_file = None
+    if path is not None and Path(path).is_dir():
+        config_file = Path(path) / ST_CONFIG_FILE
+    elif path is not None and looks_like_hub_name(path):
+        try:
+            from huggingface_hub import try_to_load_from_cache  # startup
+
+            cached = try_to_load_from_cache(path, ST_CONFIG_FILE)
+            config_file = Path(cached) if isinstance(cached, str) else None
+        except Exception:  # no cache, or not a repository id: no saved prompts to read
+            config_file = None
+    if config_file is None or not config_file.is_file():
+        return loaded_prompts(None), None
+    try:
+        saved = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{config_file} is not valid JSON ({error})") from None
+    return loaded_prompts(saved.get("prompts")), saved.get("default_prompt_name")
+
+
+def applied_prompts(
+    path: str | None, pooler: str | None, settings: PromptSettings
+) -> dict[str, str]:
+    """{"query": text, "document": text} that embedding with the model at `path` puts before
+    queries and documents: the settings, else the model's own (a sentence-transformers
+    directory loaded as saved: `pooler` None); for the record (results, manifests)."""
+    if pooler is None and path is not None and (Path(path) / "modules.json").is_file():
+        prompts, default = read_saved_prompts(path)
+    else:  # a plain encoder under our pooling: a model with no prompts
+        prompts, default = loaded_prompts(None), None
+    return {
+        role: override if (override := settings.override(role)) is not None
+        else role_prompt(prompts, default, role)
+        for role in ROLES
+    }  # fmt: skip
 
 
 def looks_like_hub_name(text: str) -> bool:

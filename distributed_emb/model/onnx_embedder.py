@@ -5,6 +5,11 @@ graph of one variant, the tokenizer the SentenceTransformer uses and its max_seq
 ``embed`` is :class:`~distributed_emb.model.embedder.Embedder`'s: a list of sentences in,
 (n, d) float32 out in the same order, tokenised as ``SentenceTransformer.encode`` tokenises
 (padding to the batch's longest, truncation at max_seq_length).
+
+Prompts are text, not in the graph: ``embed(sentences, role)`` puts before each sentence what
+``SentenceTransformer.encode_query`` ("query"), ``encode_document`` ("document") or ``encode``
+(None) would, from the model's prompts in ``MODEL_DIR/config_sentence_transformers.json``
+(model_config.py :func:`role_prompt`), or `query_prompt` / `document_prompt` when given.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from distributed_emb.errors import UserInputError
+from distributed_emb.model.model_config import ROLES, read_saved_prompts, role_prompt
 from distributed_emb.model.onnx_export import ONNX_DIR, read_export_info
 
 
@@ -24,6 +30,8 @@ class OnnxEmbedder:
 
     `threads`: onnxruntime's intra-op threads (None: its default, every physical core).
     `providers`: onnxruntime execution providers, in order of preference.
+    `query_prompt`, `document_prompt`: the text put before a query or a document instead of
+    the model's own ("": none; None: the model's).
     """
 
     def __init__(
@@ -33,6 +41,8 @@ class OnnxEmbedder:
         batch_size: int = 128,
         threads: int | None = None,
         providers: Sequence[str] = ("CPUExecutionProvider",),
+        query_prompt: str | None = None,
+        document_prompt: str | None = None,
     ) -> None:
         import onnxruntime  # startup
         from transformers import AutoTokenizer  # startup
@@ -59,15 +69,30 @@ class OnnxEmbedder:
         )
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.tokenizer = AutoTokenizer.from_pretrained(str(onnx_dir / info["tokenizer"]))
+        # The prompts the SentenceTransformer holds when loaded from model_dir.
+        self.prompts, self.default_prompt_name = read_saved_prompts(str(model_dir))
+        self.prompt_settings = {"query": query_prompt, "document": document_prompt}
 
-    def embed(self, sentences: Sequence[str]) -> np.ndarray:
-        """(n, d) float32 embeddings of `sentences`, in order."""
+    def prompt(self, role: str | None) -> str:
+        """The text put before each text embedded as `role` ("" for none): the setting, else
+        the model's own prompt (sentence-transformers' choice)."""
+        override = self.prompt_settings.get(role or "")
+        if override is not None:
+            return override
+        return role_prompt(self.prompts, self.default_prompt_name, role)
+
+    def embed(self, sentences: Sequence[str], role: str | None = None) -> np.ndarray:
+        """(n, d) float32 embeddings of `sentences`, in order, embedded as `role` ("query",
+        "document"; None: as ``encode``), each with its prompt put before it."""
+        if role is not None and role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
+        prompt = self.prompt(role)
         sentences = [str(s) for s in sentences]
         # Longest first, as SentenceTransformer.encode does: each batch pads little.
         order = np.argsort([-len(s) for s in sentences], kind="stable")
         chunks = []
         for start in range(0, len(sentences), self.batch_size):
-            texts = [sentences[i] for i in order[start : start + self.batch_size]]
+            texts = [prompt + sentences[i] for i in order[start : start + self.batch_size]]
             encoded = self.tokenizer(
                 texts,
                 padding=True,

@@ -95,12 +95,17 @@ def describe_graph_modules(model, model_dir: str | os.PathLike) -> list[str]:
                 "in the ONNX graph (it holds Transformer, then Pooling, Dense, Normalize, "
                 "LayerNorm, Dropout); refusing rather than exporting the model without it"
             )
-    prompt = (model.prompts or {}).get(model.default_prompt_name or "", "")
-    if prompt:
-        # Text is not in the graph: a server would embed without the prompt the model expects.
+    # Prompts are text, not in the graph: OnnxEmbedder prepends them (the model's prompts, read
+    # from its config_sentence_transformers.json) as sentence-transformers does. What the graph
+    # cannot do is leave the prompt's tokens out of the pooling (Pooling include_prompt=False,
+    # as INSTRUCTOR models pool): it would average them in.
+    prompts = sorted(name for name, text in (model.prompts or {}).items() if text)
+    excluding = [m for m in stack[1:] if getattr(m, "include_prompt", True) is False]
+    if prompts and excluding:
         raise UnexportableModelError(
-            f"{model_dir}: the model prepends its default prompt {model.default_prompt_name!r} "
-            f"({prompt!r}) to every text, which the ONNX graph cannot do"
+            f"{model_dir}: the model's pooling leaves its prompts' tokens out "
+            f"(include_prompt=False; prompts {', '.join(prompts)}), which the ONNX graph, fed "
+            "the prompted text, cannot do"
         )
     return names
 

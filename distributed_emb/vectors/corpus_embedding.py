@@ -18,12 +18,20 @@ unit that is redone when its actor dies (`embed.max_restarts`) and skipped when 
 already there. Block bounds are the reader's (`embed.block_rows` lines of one file), so the same
 corpus gives the same blocks, ids and shard names in every run, whatever the actor count.
 
+Prompts: corpus rows are documents, embedded as sentence-transformers' ``encode_document``
+embeds them: the model's own document prompt, or `prompts.document` (model/embedder.py
+Embedder, `embed_as="document"`); the int8 calibration sample too. `embed.rows_as=query`
+embeds them as ``encode_query`` does instead (`prompts.query`): the anchors of a pair table,
+which mining searches the documents with. The manifest records the prompts settings (search
+embeds its queries with `prompts.query`), `rows_as` and the text put before each row
+(`row_prompt`).
+
 Resuming: a present shard is a finished block (shards are written under a temporary name and
 renamed). A rerun into the same OUT reads and cleans the corpus again (exact drop counts, and
 each finished shard's row count is checked against its block) but embeds only the blocks
 without a shard. OUT/embedding_settings.json, written before the first shard, holds everything
-that decides a shard's content (model and its files, pooling, length, precision, block size,
-corpus files and reading rules); a run whose settings differ is refused, naming the key.
+that decides a shard's content (model and its files, pooling, document prompt, length, precision,
+block size, corpus files and reading rules); a run whose settings differ is refused, naming the key.
 
 The driver holds block ids and counters, never rows or vectors: the int8 calibration's
 per-dimension min and max are folded batch by batch, and `data.max_rows` is turned into "the
@@ -84,6 +92,7 @@ EMBED = "embed"  # false: its shard is there already (ids and texts are left emp
 WRITTEN = "written"
 DIM = "dim"
 NORMALIZED = "normalized"
+PROMPT = "prompt"  # the text put before each row ("" for none)
 PROGRESS_EVERY_S = 30.0
 
 
@@ -213,7 +222,8 @@ def rows_cut(files: CorpusFiles, rules: TextRows, block_rows: int, max_rows: int
 class ShardEmbedder(Embedder):
     """An :class:`~distributed_emb.model.embedder.Embedder` (the model loaded once per actor)
     that takes block rows and writes each block's shard; returns one summary row per block:
-    {block, rows, written, dim, normalized}."""
+    {block, rows, written, dim, normalized, prompt}. The rows are embedded as `embed_as`
+    (documents, or queries: embed.rows_as), which the pool sets."""
 
     def __init__(
         self,
@@ -245,11 +255,13 @@ class ShardEmbedder(Embedder):
                 WRITTEN: pa.array(written, pa.bool_()),
                 DIM: pa.array([self.dimension] * count, pa.int64()),
                 NORMALIZED: pa.array([self.normalizes] * count, pa.bool_()),
+                PROMPT: pa.array([self.prompt(self.embed_as)] * count, pa.string()),
             }
         )
 
     def write_block(self, first_id: int, ids: np.ndarray, texts: list[str]) -> None:
-        vectors = self.stored(self.embed(texts))  # (n, d) float32 | int8, or (n, d/8) uint8
+        # Embedded as `embed_as` (embed.rows_as): (n, d) float32 | int8, or (n, d/8) uint8.
+        vectors = self.stored(self.embed(texts, role=self.embed_as))
         columns = {
             ID: pa.array(ids, pa.int64()),
             EMBEDDING: pa.FixedSizeListArray.from_arrays(
@@ -288,6 +300,10 @@ def _pool_options(config: EmbedJobConfig, location: str, pooler: str | None) -> 
         "normalize": embed.normalize,
         "trust_remote_code": config.model.trust_remote_code,
         "max_restarts": embed.max_restarts,
+        # Rows are documents (or queries: embed.rows_as), the calibration sample too.
+        "embed_as": embed.rows_as,
+        "query_prompt": config.prompts.query,
+        "document_prompt": config.prompts.document,
     }
 
 
@@ -428,6 +444,10 @@ def _manifest(
         "max_seq_length": config.embed.max_seq_length,
         # Queries must be embedded as the corpus was (jobs/search.py reads both).
         "pooler": settings["pooler"],  # None: the model's own pooling, as saved
+        # The settings (null: the model's own prompt); search reads "query".
+        "prompts": {"query": config.prompts.query, "document": config.prompts.document},
+        "rows_as": config.embed.rows_as,  # each row embedded as a document or as a query
+        "row_prompt": shards[0][PROMPT],  # the text put before each row ("" for none)
         "text": config.embed.write_text,
         "calibration": CALIBRATION if config.embed.precision == "int8" else None,
     }

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from distributed_emb.checks import ConfigError
 from distributed_emb.data.data_config import DataConfig
-from distributed_emb.model.model_config import ModelConfig
+from distributed_emb.model.model_config import ModelConfig, PromptSettings
 from distributed_emb.ray_config import RayConfig, validate_ray_config
 from distributed_emb.settings import section
 from distributed_emb.vectors.index_config import IndexConfig
@@ -69,6 +69,14 @@ class EmbedConfig:
             "(model.max_seq_length, the training length, is not used here)",
         ),
     ] = None
+    rows_as: Annotated[
+        Literal["document", "query"],
+        Field(
+            description="embed each row as a document (SentenceTransformer.encode_document, "
+            "prompts.document) or as a query (encode_query, prompts.query: the anchor column "
+            "of a pair table, for jobs/mine_negatives.py --anchors)"
+        ),
+    ] = "document"
     normalize: Annotated[
         bool,
         Field(
@@ -126,6 +134,9 @@ class EmbedConfig:
 @section
 class EmbedJobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    # Corpus rows are documents (prompts.document; embed.rows_as=query: queries, prompts.query);
+    # prompts.query is recorded in the manifest for jobs/search.py to embed queries with.
+    prompts: PromptSettings = field(default_factory=PromptSettings)
     data: DataConfig = field(default_factory=DataConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     index: IndexConfig = field(default_factory=IndexConfig)

@@ -2,11 +2,11 @@
 only to shards made the same way.
 
 OUT/embedding_settings.json is written before the first shard: the model (its location and a
-digest of its files), how it pools and cuts sentences, the precision, the block size, the
-corpus's files (paths and sizes) and how they are read. A later run into the same OUT compares
-its own settings with it and refuses the first one that differs, naming its config key: a
-resumed run must produce exactly the shards an uninterrupted one would have. No torch here: the
-job checks this before Ray starts.
+digest of its files), how it pools and cuts sentences, the document prompt setting, the
+precision, the block size, the corpus's files (paths and sizes) and how they are read. A
+later run into the same OUT compares its own settings with it and refuses the first one that
+differs, naming its config key: a resumed run must produce exactly the shards an uninterrupted
+one would have. No torch here: the job checks this before Ray starts.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ SETTING_KEYS = {
     "model": "model.path",
     "model_files": "model.path",
     "pooler": "model.pooler",
+    "rows_as": "embed.rows_as",
+    "document_prompt": "prompts.document",
+    "query_prompt": "prompts.query",
     "max_seq_length": "embed.max_seq_length",
     "normalize": "embed.normalize",
     "precision": "embed.precision",
@@ -80,6 +83,11 @@ def embedding_settings(config: EmbedJobConfig, files: CorpusFiles) -> dict:
         "model": location,
         "model_files": model_fingerprint(location),
         "pooler": saved_pooling(location, config.model.pooler),
+        # How rows are embedded: None for documents (as outputs from before the setting say),
+        # and the prompt setting of that role (null: the model's own, its files decide).
+        "rows_as": None if embed.rows_as == "document" else embed.rows_as,
+        "document_prompt": config.prompts.document if embed.rows_as == "document" else None,
+        "query_prompt": config.prompts.query if embed.rows_as == "query" else None,
         "max_seq_length": embed.max_seq_length,
         "normalize": embed.normalize,
         "precision": embed.precision,

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field
 
 from distributed_emb.checks import ConfigError
+from distributed_emb.model.model_config import PromptSettings
 from distributed_emb.settings import Seed, section
 
 
@@ -33,6 +34,9 @@ class SearchConfig:
         Field(description="the model that embeds the queries; null: the manifest's model"),
     ] = None
     batch_size: Annotated[int, Field(ge=1, description="queries embedded per batch")] = 128
+    # Queries are embedded as queries: prompts.query, else the embed job's (the manifest's),
+    # else the model's own. prompts.document is not used (the corpus is embedded already).
+    prompts: PromptSettings = field(default_factory=PromptSettings)
     exact: Annotated[
         bool,
         Field(description="a brute-force scan of every shard instead of the index (exact)"),

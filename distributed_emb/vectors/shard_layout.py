@@ -5,7 +5,9 @@ The layout (written by the embed job, read by the index, search and mining):
     OUT/manifest.json                        written last: a present manifest is a finished
                                              run (format, model, dim, normalized, dtype, rows,
                                              shards [{file, first_id, rows}], dropped, corpus;
-                                             optionally pooler and max_seq_length)
+                                             optionally pooler, max_seq_length, prompts
+                                             {query, document} (the embed job's settings),
+                                             rows_as (document or query) and row_prompt)
     OUT/shards/part-<first_id:012d>.parquet  id (int64), embedding (fixed_size_list of
                                              float32, int8, or uint8 bits for ubinary), text
                                              and document (optional); rows sorted by id
@@ -78,6 +80,10 @@ class Manifest:
     # How the model embedded (optional keys): queries must be embedded the same way.
     pooler: str | None = None
     max_seq_length: int | None = None
+    # The embed job's prompts.query (null: the model's own): how queries are to be embedded.
+    query_prompt: str | None = None
+    # How its rows were embedded: "document", "query" (embed.rows_as), None (not recorded).
+    rows_as: str | None = None
 
     @property
     def path(self) -> str:
@@ -162,6 +168,14 @@ def read_manifest(out: str) -> Manifest:
         value("pooler", str)
     if optional["max_seq_length"] is not None:
         value("max_seq_length", int)
+    prompts = tree.get("prompts")
+    if prompts is not None:
+        value("prompts", dict)
+        if prompts.get("query") is not None:
+            value("query", str, prompts, "prompts.")
+        optional["query_prompt"] = prompts.get("query")
+    if tree.get("rows_as") is not None:
+        optional["rows_as"] = value("rows_as", str)
     return Manifest(
         location=str(out),
         model=value("model", str),

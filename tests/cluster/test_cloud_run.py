@@ -32,7 +32,7 @@ import requests
 from distributed_emb.paths import shipped_corpus
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 40
+STEPS = 20  # long enough that the kill at step 8 comes mid-run, no longer
 EVAL_STEPS = 4
 KILL_AFTER_EVAL = 8  # the kill comes once storage holds this evaluation (checkpoint at 4 done)
 

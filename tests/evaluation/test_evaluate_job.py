@@ -203,7 +203,7 @@ def test_beir_data_is_checked_before_any_model_loads(
 ):
     from distributed_emb.evaluation import suite
 
-    monkeypatch.setattr(suite, "make_encoder", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(suite, "make_encoders", lambda *a, **k: pytest.fail("loaded a model"))
     beir = _beir_dir(tmp_path)
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
     argv = [tiny_bert_path, "--retrieval", str(beir), "--retrieval-splits", splits, "--no-ray"]

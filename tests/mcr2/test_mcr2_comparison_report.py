@@ -172,3 +172,95 @@ def test_a_head_measurably_below_the_given_model_is_named_in_one_line():
     assert lines[0].startswith("64-d mcr2 head: below the given model") and "stsb_test" in lines[0]
     assert "retrieval_test" not in lines[0]
     assert weaker_than_given_lines({**intervals, "reference": "pca-64"}) == []
+
+
+def _with_documents(output: dict, test_ndcg: np.ndarray, dev_ndcg: float) -> dict:
+    """`output` with a held-out documents' yardstick: `test_ndcg` per query on test."""
+    per_query = {
+        "test": {f"d{i}#0": v for i, v in enumerate(test_ndcg.tolist())},
+        "dev": {f"e{i}#0": dev_ndcg for i in range(8)},
+    }
+    return {
+        **output,
+        "documents": {
+            split: {"metrics": {"ndcg@10": float(np.mean(list(values.values())))},
+                    "per_query": {"ndcg@10": values}}
+            for split, values in per_query.items()
+        },
+    }  # fmt: skip
+
+
+def test_the_held_out_documents_test_split_is_a_column_with_its_interval(comparison):
+    """Each row's nDCG@10 on the held-out documents' dev and test splits in the table; on
+    test, each row against the encoder and each head against PCA, per query; the job's
+    line names a head below the encoder there."""
+    from distributed_emb.mcr2.comparison_report import weaker_than_given_lines
+
+    rows, outputs = comparison
+    rng = np.random.default_rng(1)
+    pca = rng.uniform(20, 80, 40)
+    topic = {"full-384": pca + 8, "pca-64": pca, "mcr2-64": pca + 3 + rng.normal(0, 1, 40),
+             "mcr2-128": pca + rng.normal(0, 1, 40), "random-128": pca - 2}  # fmt: skip
+    outputs = {key: _with_documents(out, topic[key], 30.0) for key, out in outputs.items()}
+    dev = {"dev_avg": 80.0, "stsb_dev": 80.0}
+    rows = [{**row, **summarise(outputs[f"{row['method']}-{row['dim']}"], dev)} for row in rows]
+    head = next(row for row in rows if (row["dim"], row["method"]) == (64, "mcr2"))
+    assert head["documents_splits"] == ["test", "dev"] and head["documents_dev_ndcg_at_10"] == 30
+    assert head["documents_test_ndcg_at_10"] == pytest.approx(np.mean(topic["mcr2-64"]))
+    header = results_table(rows).splitlines()[0]
+    assert header.endswith(
+        "| news test nDCG@10 | news dev nDCG@10 | held-out documents dev nDCG@10 "
+        "| held-out documents test nDCG@10 |"
+    )
+    intervals = paired_intervals(rows, outputs)
+    by_row = {(r["dim"], r["method"]): r["intervals"] for r in intervals["rows"]}
+    against_full = by_row[(64, "pca")]["documents_test_ndcg_at_10"]
+    assert against_full["difference"] == pytest.approx(-8.0)
+    assert against_full["n"] == 40 and against_full["high"] < 0
+    assert "documents_dev_ndcg_at_10" not in by_row[(64, "pca")]  # dev chose: no interval
+    versus = intervals["versus_pca"][0]["intervals"]["documents_test_ndcg_at_10"]
+    assert versus["difference"] == pytest.approx(np.mean(topic["mcr2-64"] - pca))
+    assert 2 < versus["low"] <= versus["high"] < 4
+    assert (
+        intervals_table(intervals).splitlines()[0].endswith("| held-out documents test nDCG@10 |")
+    )
+    lines = weaker_than_given_lines(intervals)
+    assert any(line.startswith("128-d mcr2 head") and "documents_test_ndcg_at_10" in line
+               for line in lines)  # fmt: skip
+    # A row without the yardstick (heldout.fraction=0) has no such column or interval.
+    plain = {key: {k: v for k, v in out.items() if k != "documents"} for key, out in
+             outputs.items()}  # fmt: skip
+    assert "documents" not in results_table([{**rows[0], **summarise(plain["full-384"], dev)}])
+    assert all("documents_test_ndcg_at_10" not in r["intervals"]
+               for r in paired_intervals(rows, plain)["rows"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["eval.select_by=documents:test"], "eval.select_by: documents:test: test splits are "
+         "reported, never used to choose; choose on a dev split (documents:dev)"),
+        (["eval.select_by=documents:dev", "heldout.fraction=0"],
+         "eval.select_by: documents:dev needs held-out documents (heldout.fraction > 0"),
+        (["eval.select_by=documents:train"], "eval.select_by: the run's held-out documents/qrels "
+         "has no train.tsv"),
+    ],
+)  # fmt: skip
+def test_select_by_documents_names_the_dev_split_of_held_out_documents(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(MCR2Config, None, overrides)
+    assert str(error.value).startswith(message)
+
+
+def test_documents_dev_and_auto_are_accepted_and_stsb_dev_stays_the_default():
+    def chosen(*overrides: str) -> str:
+        return load_config(MCR2Config, None, list(overrides)).eval.select_by
+
+    assert chosen() == "stsb_dev"
+    assert chosen("eval.select_by=documents:dev") == "documents:dev"
+    # auto: the training job's rule (selection.resolve_auto), resolved before anything runs.
+    assert chosen("eval.select_by=auto") == "retrieval:dev"  # shipped:news has a dev split
+    assert chosen("eval.select_by=auto", "eval.retrieval_dir=null") == "documents:dev"
+    assert (
+        chosen("eval.select_by=auto", "eval.retrieval_dir=null", "heldout.fraction=0") == "stsb_dev"
+    )

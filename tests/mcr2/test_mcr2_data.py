@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -178,3 +179,50 @@ def test_idc_pairs_are_the_nearest_neighbour_components_inside_each_document():
     assert "inside 2 documents" in pairs.summary
     with pytest.raises(ValueError, match="IDC found no pairs"):
         idc_pairs(["a", "b"], vectors[:2], np.array([0, 1]), PairsConfig())
+
+
+def test_held_out_documents_never_reach_the_heads_training_rows(tmp_path):
+    """The documents heldout.* holds out (by the hash every method uses, decided by the id
+    alone) are in no training sentence and no cluster; the rows of one id stay together; the
+    run's yardstick is built from them alone."""
+    import dataclasses
+
+    from distributed_emb.data.held_out import HeldOutConfig, held_out_split
+    from distributed_emb.mcr2 import pipeline
+    from distributed_emb.mcr2.compression_config import MCR2Config
+
+    rows = [
+        {"id": f"doc-{d}", "sentences": [f"doc {d} part {part} sentence {i}." for i in range(7)]}
+        for d in range(40)
+        for part in (0, 1)  # two rows per id: one document, one cluster
+    ]
+    path = _write_jsonl(tmp_path / "docs.jsonl", rows)
+    heldout = HeldOutConfig(fraction=0.4, seed=3)
+    data = load_training_sentences(SentencesConfig(paths=[path]), heldout)
+    split = {f"doc-{d}": held_out_split(f"doc-{d}", 0.4, 3) for d in range(40)}
+    held_ids = {doc_id for doc_id, where in split.items() if where is not None}
+    assert {"dev", "test"} <= set(split.values()) and 0 < len(held_ids) < 40
+    assert [row["doc_id"] for row in data.held_out] == [d for d in split if d in held_ids]
+    assert not held_ids & set(data.cluster_names)  # no cluster of a held-out document
+    held_texts = {s for row in data.held_out for s in row["sentences"]}
+    assert not held_texts & set(data.texts)  # no sentence either
+    everything = {s for row in rows for s in row["sentences"]}
+    assert held_texts | set(data.texts) == everything  # and nothing else is lost
+    assert all(len(row["sentences"]) == 14 for row in data.held_out)  # both rows of an id
+    assert f"{len(held_ids)} documents held out" in data.summary
+    # None (and fraction 0) hold nothing out: the heads' data as before.
+    assert load_training_sentences(SentencesConfig(paths=[path])).held_out == []
+    nothing = load_training_sentences(SentencesConfig(paths=[path]), HeldOutConfig(fraction=0))
+    assert len(nothing.texts) == len(everything) and nothing.held_out == []
+
+    # The yardstick: passages of held-out documents only, dev and test by the same hash.
+    config = MCR2Config(heldout=heldout, sentences=SentencesConfig(paths=[path]))
+    config.output = dataclasses.replace(config.output, dir=str(tmp_path / "run"))
+    written = pipeline.write_documents_yardstick(config, data.held_out)
+    corpus = [json.loads(line) for line in open(f"{written}/corpus.jsonl", encoding="utf-8")]
+    assert {row["_id"].split("#")[0] for row in corpus} == held_ids
+    for row in corpus:  # each passage: consecutive sentences of held-out documents
+        assert set(re.split(r"(?<=\.) ", row["text"])) <= held_texts
+    for where in ("dev", "test"):
+        queries = open(f"{written}/qrels/{where}.tsv", encoding="utf-8").read().splitlines()[1:]
+        assert {split[q.split("#")[0]] for q in queries} == {where}

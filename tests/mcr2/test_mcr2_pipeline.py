@@ -99,6 +99,7 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
             f"eval.retrieval_dir={beir}",
             "eval.retrieval_splits=[dev, test]",
             "eval.select_by=retrieval:dev",  # the heads' epochs chosen on the BEIR dev split
+            "heldout.seed=5",  # of the 6 documents: wiki-290 held out as dev, wiki-39 as test
         ],
     )
     config.validate()
@@ -160,7 +161,7 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     pca = next(r["intervals"] for r in intervals["rows"] if (r["dim"], r["method"]) == (8, "pca"))
     assert set(pca) == {
         "stsb_test", "STS12", "retrieval_mrr",
-        "retrieval_dev_ndcg_at_10", "retrieval_test_ndcg_at_10",
+        "retrieval_dev_ndcg_at_10", "retrieval_test_ndcg_at_10", "documents_test_ndcg_at_10",
     }  # fmt: skip
     assert pca["retrieval_test_ndcg_at_10"]["n"] == 5  # tiny_beir_dir's test queries
     # Each head against PCA at its size, on the same per-query values.
@@ -181,10 +182,23 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
 
     from distributed_emb.mcr2.data import load_training_sentences
 
-    sentences = load_training_sentences(config.sentences)
+    sentences = load_training_sentences(config.sentences, config.heldout)
     table = pq.read_table(out / pipeline.TRAINING_SENTENCES_FILE).to_pydict()
     assert table["text"] == sentences.texts
     assert table["cluster_id"] == sentences.cluster_ids.tolist()
+    # The held-out documents: in no training row, the run's yardstick, a column of every row
+    # and, on test, an interval against the encoder.
+    assert [row["doc_id"] for row in sentences.held_out] == ["wiki-39", "wiki-290"]
+    assert not {s for row in sentences.held_out for s in row["sentences"]} & set(table["text"])
+    assert results["training"]["documents_dir"] == str(out / pipeline.DOCUMENTS_EVAL_DIR)
+    assert sorted(p.name for p in (out / "documents_eval" / "qrels").iterdir()) == [
+        "dev.tsv", "test.tsv",
+    ]  # fmt: skip
+    documents_output = results["evaluation"]["full-32"]["documents"]
+    assert full["documents_test_ndcg_at_10"] == documents_output["test"]["metrics"]["ndcg@10"]
+    assert all(row["documents_dev_ndcg_at_10"] is not None for row in results["table"])
+    assert pca["documents_test_ndcg_at_10"]["n"] == documents_output["test"]["n_queries"] == 4
+    assert "held-out documents test nDCG@10" in (out / "results.md").read_text()
     written = json.loads((out / "results.json").read_text())
     assert len(written["table"]) == 9 and "| 4 | mcr2 |" in (out / "results.md").read_text()
     report = (out / "results.md").read_text()
@@ -278,3 +292,45 @@ def test_heads_are_selected_on_sickr_dev_too_where_the_data_has_it(senteval_dir)
     dev = pipeline.read_dev_sets(str(senteval_dir))
     assert list(dev) == ["stsb_dev", "sickr_dev"]
     assert len(dev["sickr_dev"].scores) == 500 and len(dev["stsb_dev"].scores) == 1500
+
+
+def test_documents_dev_chooses_on_the_yardsticks_dev_split_at_the_passage_length(
+    tmp_path, tiny_bert_path, small_data
+):
+    """eval.select_by=documents:dev: the split that chooses is the dev split of the yardstick
+    the run wrote from its held-out documents, embedded by the passage encoder (the frozen
+    encoder at eval.documents_max_seq_length, at most its position limit), under the key the
+    table uses. No model runs: the encoders are stand-ins."""
+    from distributed_emb.mcr2 import pipeline
+    from distributed_emb.mcr2.embeddings import CachedEncoder
+
+    overrides = _overrides(tmp_path, tiny_bert_path, small_data)
+    config = load_config(MCR2Config, None, [*overrides, "eval.select_by=documents:dev",
+                                            "heldout.seed=5"])  # fmt: skip
+    inputs = pipeline.read_inputs(config)
+    assert inputs.documents_dir == str(tmp_path / "run" / pipeline.DOCUMENTS_EVAL_DIR)
+    split = inputs.retrieval_dev
+    assert {q.split("#")[0] for q in split.query_ids} == {"wiki-290"}  # the dev document
+    assert not set(split.corpus_texts) & set(inputs.sentences.texts)
+
+    passages = pipeline.passage_encoder(config, tiny_bert_path)
+    assert config.model.max_seq_length == 32 and passages.config.max_seq_length == 128
+
+    def stand_in(value: float):
+        return lambda texts: np.full((len(texts), 4), value, np.float32)
+
+    sentences = CachedEncoder(config.model, encode=stand_in(1.0))
+    passages = CachedEncoder(passages.config, encode=stand_in(2.0))
+    chosen = pipeline.selection_set(config, inputs, sentences, passages)
+    assert chosen.metric == "documents_dev_ndcg_at_10" and chosen.split is split
+    assert np.all(chosen.vectors == 2.0)  # the passages' encoder, not the sentences'
+    with pytest.raises(ValueError, match="needs the passage encoder"):
+        pipeline.selection_set(config, inputs, sentences, None)
+
+    # No held-out dev document (seed 0 holds out one test document): said before encoding.
+    config.heldout.seed = 0
+    with pytest.raises(ValueError, match=r"documents:dev: no held-out dev document has 2"):
+        pipeline.read_inputs(config)
+    assert sorted(p.name for p in (tmp_path / "run" / "documents_eval" / "qrels").iterdir()) == [
+        "test.tsv"
+    ]  # the previous yardstick's dev split did not outlive it
