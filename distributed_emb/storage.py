@@ -142,22 +142,20 @@ def delete_file(location: str | Path) -> None:
 
 def list_dirs(location: str | Path) -> list[str]:
     """The directories directly under `location`, as locations (same scheme), sorted."""
-    filesystem, path = filesystem_of(location)
-    if filesystem.get_file_info(path).type != pafs.FileType.Directory:
-        return []
-    found = filesystem.get_file_info(pafs.FileSelector(path))
-    names = sorted(info.base_name for info in found if info.type == pafs.FileType.Directory)
-    return [join(location, name) for name in names]
+    return _entries(location, pafs.FileType.Directory)
 
 
 def list_files(location: str | Path) -> list[str]:
     """The files directly under `location`, as locations (same scheme), sorted."""
+    return _entries(location, pafs.FileType.File)
+
+
+def _entries(location: str | Path, kind: pafs.FileType) -> list[str]:
     filesystem, path = filesystem_of(location)
     if filesystem.get_file_info(path).type != pafs.FileType.Directory:
         return []
     found = filesystem.get_file_info(pafs.FileSelector(path))
-    names = sorted(info.base_name for info in found if info.type == pafs.FileType.File)
-    return [join(location, name) for name in names]
+    return [join(location, name) for name in sorted(i.base_name for i in found if i.type == kind)]
 
 
 def copy_from_storage(location: str | Path, local_dir: str | Path) -> str:

@@ -138,6 +138,7 @@ def _move(d: PairedDifference) -> str:
 
 
 TOPIC_LOSS = "warning: the export is below the given model on topic"
+PARAPHRASE_LOSS = "warning: the export is below the given model on paraphrase"
 
 
 def topic_loss_line(compared: dict) -> str | None:
@@ -153,3 +154,25 @@ def topic_loss_line(compared: dict) -> str | None:
         "to keep it: loss.distill_weight=0.1 model.mlp_head=none, or train on your documents "
         "(documents.paths; docs/EVALUATION.md, 'Two yardsticks')"
     )
+
+
+def paraphrase_loss_line(compared: dict) -> str | None:
+    """The one line a run says when its export lost STS-B test beyond the interval (a run
+    chosen on topic may trade paraphrase for it: InfoCSE's rounds do); None otherwise."""
+    stsb = compared.get(PARAPHRASE, {}).get("stsb_test")
+    if stsb is None:
+        return None
+    d = PairedDifference.from_dict(stsb)
+    if d.high >= 0:
+        return None
+    return (
+        f"{PARAPHRASE_LOSS} — STS-B test Spearman {d.format()} (95% paired interval); where "
+        "your queries are paraphrases, choose on them (eval.select_by=stsb_dev, or your own "
+        "labelled set: eval.retrieval_dir)"
+    )
+
+
+def warning_lines(compared: dict) -> list[str]:
+    """What the run says, one line each, about a yardstick on which its export fell below
+    the given model beyond the interval."""
+    return [line for line in (topic_loss_line(compared), paraphrase_loss_line(compared)) if line]

@@ -56,7 +56,7 @@ from distributed_emb.evaluation.sts import read_stsb, sts_spearman, stsb_score
 from distributed_emb.evaluation.yardsticks import (
     compare_with_given,
     passage_length,
-    topic_loss_line,
+    warning_lines,
     yardstick_lines,
 )
 from distributed_emb.infocse.annotate import (
@@ -506,7 +506,7 @@ def _compare_export(config: InfoCSEConfig, exported_dir: Path, heldout: HeldOut 
     compared = compare_with_given(
         training.model_path, str(exported_dir), training.eval, yardstick_encoders(training)
     )
-    lines = [*yardstick_lines(compared), *filter(None, [topic_loss_line(compared)])]
+    lines = [*yardstick_lines(compared), *warning_lines(compared)]
     for line in lines:
         log.warning("%s", line)
     if lines:

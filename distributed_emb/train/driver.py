@@ -35,7 +35,7 @@ from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
 from distributed_emb.evaluation.yardsticks import (
     compare_with_given,
-    topic_loss_line,
+    warning_lines,
     yardstick_lines,
 )
 from distributed_emb.model.compression_head import HEAD_INFO_FILE, read_head_info
@@ -207,8 +207,7 @@ def summarise_run(metrics: dict) -> str:
     exported = "best" if select_by == STSB_DEV else "exported"
     # The start won: the one line that says the model handed back is the one given.
     given = [metrics["exported"]] if is_given_model(metrics.get("exported")) else []
-    if metrics.get("topic_warning"):
-        given.append(metrics["topic_warning"])
+    given += metrics.get("yardstick_warnings") or []
     return "\n".join(
         [
             f"model:            {metrics.get('model_dir')}",
@@ -432,7 +431,7 @@ def run_training(
             metrics["yardsticks"] = compare_with_given(
                 config.model_path, model_dir, config.eval, yardstick_encoders(config)
             )
-            metrics["topic_warning"] = topic_loss_line(metrics["yardsticks"])
+            metrics["yardstick_warnings"] = warning_lines(metrics["yardsticks"])
     if model_dir is not None and config.export.backends:
         metrics["backends"] = export_backends(model_dir, config)
     if model_dir is not None:

@@ -201,7 +201,7 @@ def finalize_export(
         add_card_lines(model_dir, serving_lines(metrics["backends"]))
     if metrics.get("yardsticks"):  # paraphrase and topic, each against the given model
         lines = yardstick_lines(metrics["yardsticks"])
-        add_card_lines(model_dir, [*lines, *filter(None, [metrics.get("topic_warning")])])
+        add_card_lines(model_dir, [*lines, *(metrics.get("yardstick_warnings") or [])])
     if config.export.push_to_hub:
         return push_export(model_dir, config.export.hub_model_id)
     return None

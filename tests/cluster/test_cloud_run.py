@@ -15,11 +15,9 @@ without Ray.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -51,24 +49,6 @@ class CloudRun:
     wall_s: float
 
 
-def _kill_node(cluster, node_id: str) -> list[int]:
-    """SIGKILL every process of one fake node (a lost spot instance): the fake provider starts
-    a node with its id in the environment (as tests/cluster/test_elastic.py)."""
-    from harness.autoscaling_cluster import cluster_processes
-
-    mark = f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode()
-    killed = []
-    for pid in cluster_processes(cluster):
-        try:
-            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if mark in environment:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return killed
-
-
 def _eval_steps(train_log: str | None) -> list[int]:
     rows = [json.loads(line) for line in (train_log or "").splitlines() if line.strip()]
     return [row["step"] for row in rows if row.get("kind") == "eval"]
@@ -95,7 +75,13 @@ def _job_logs(cluster, submission_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def cloud_run(tmp_path_factory, tiny_bert_path, s3):
-    from harness.autoscaling_cluster import RAY_CLI, job_runtime_env, local_cluster, wait_for
+    from harness.autoscaling_cluster import (
+        RAY_CLI,
+        job_runtime_env,
+        kill_node,
+        local_cluster,
+        wait_for,
+    )
 
     from distributed_emb import storage
 
@@ -163,7 +149,7 @@ def cloud_run(tmp_path_factory, tiny_bert_path, s3):
         )
         assert len(rank0_nodes) == 1, (first_status, rank0_nodes)
         # The cloud: the node is lost and the job with it (the head kept, as on-demand).
-        killed = _kill_node(cluster, rank0_nodes[0])
+        killed = kill_node(cluster, rank0_nodes[0])
         requests.post(
             f"{cluster.dashboard_url}/api/jobs/{first_id}/stop",
             headers=cluster.auth_headers(),

@@ -28,9 +28,7 @@ model is read back from the bucket by a process that never joined the cluster.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
 import subprocess
 import sys
 import textwrap
@@ -44,8 +42,8 @@ from harness.autoscaling_cluster import (
     NodeWatcher,
     Timeline,
     base_env,
-    cluster_processes,
     job_runtime_env,
+    kill_node,
     local_cluster,
     wait_for,
 )
@@ -77,22 +75,6 @@ READ_BACK = textwrap.dedent(
     print("shape", model.encode(["A cat sits on the mat.", "Stocks fell."]).shape)
     """
 )
-
-
-def kill_node(cluster, node_id: str) -> list[int]:
-    """SIGKILL every process of one fake node (its raylet, object store, workers): a lost
-    spot instance. The fake provider starts a node with its id in the environment."""
-    mark = f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode()
-    killed = []
-    for pid in cluster_processes(cluster):
-        try:
-            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if mark in environment:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-    return killed
 
 
 class GroupWatcher(threading.Thread):

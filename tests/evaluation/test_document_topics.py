@@ -20,9 +20,11 @@ from distributed_emb.evaluation.document_topics import (
 )
 from distributed_emb.evaluation.eval_config import EvalConfig
 from distributed_emb.evaluation.yardsticks import (
+    PARAPHRASE_LOSS,
     TOPIC_LOSS,
     compare_with_given,
     topic_loss_line,
+    warning_lines,
     yardstick_lines,
 )
 from distributed_emb.paths import shipped_news_documents_dir
@@ -143,7 +145,7 @@ def test_both_yardsticks_against_the_given_model_with_paired_intervals():
     assert topic["difference"] == 0 and topic["n"] == same["topic"]["n_queries"] > 50
     assert same["paraphrase"]["stsb_test"]["difference"] == 0
     assert same["paraphrase"]["retrieval_test"]["ndcg@10"]["n"] == 295  # the news test queries
-    assert topic_loss_line(same) is None
+    assert topic_loss_line(same) is None and warning_lines(same) == []
     lines = yardstick_lines(same)
     assert [line.split(":")[0] for line in lines] == ["paraphrase", "paraphrase", "topic"]
     assert "shipped:news test nDCG@10" in lines[1]
@@ -154,4 +156,5 @@ def test_both_yardsticks_against_the_given_model_with_paired_intervals():
     topic = worse["topic"]["documents_test"]["ndcg@10"]
     assert topic["high"] < 0 and topic["excludes_zero"]
     assert topic_loss_line(worse).startswith(TOPIC_LOSS)
+    assert [line.split(" — ")[0] for line in warning_lines(worse)] == [TOPIC_LOSS, PARAPHRASE_LOSS]
     assert "*" in yardstick_lines(worse)[-1]

@@ -293,6 +293,22 @@ def cluster_processes(cluster: LocalCluster) -> dict[int, tuple[str, str]]:
     return found
 
 
+def kill_node(cluster: LocalCluster, node_id: str) -> list[int]:
+    """SIGKILL every process of one fake node (its raylet, object store, workers): a lost
+    spot instance. The fake provider starts a node with its id in the environment."""
+    mark = f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode()
+    killed = []
+    for pid in cluster_processes(cluster):
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in environment:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
 def stop_cluster(cluster: LocalCluster, grace_s: float = 10) -> list[str]:
     """Stop every process of the cluster by pid; return "pid command" of any that needed
     SIGKILL. Raises if some still run afterwards (naming them)."""
