@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from distributed_emb.data.beir_layout import list_splits
 from distributed_emb.evaluation.beir import evaluate_splits
 from distributed_emb.evaluation.eval_config import EvalConfig
 from distributed_emb.evaluation.paired_bootstrap import (
@@ -27,6 +28,8 @@ from distributed_emb.evaluation.paired_bootstrap import (
 )
 from distributed_emb.evaluation.senteval_data import SentEvalDataError, read_sick_relatedness
 from distributed_emb.evaluation.sts import read_stsb, sts_cosines
+from distributed_emb.model.model_card import position_limit
+from distributed_emb.storage import local_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +67,6 @@ def compare_with_given(
         given, exported = (sts_cosines(encoder_for(model, None), data) for model in models)
         paraphrase[key] = paired_spearman_difference(data.scores, given, exported).as_dict()
     if e.retrieval_dir is not None:
-        from distributed_emb.data.beir_layout import list_splits
-        from distributed_emb.storage import local_model_dir
-
         directory = local_model_dir(e.retrieval_dir)
         if TEST in list_splits(directory):
             runs = [evaluate_splits(encoder_for(m, None), directory, [TEST])[TEST] for m in models]
@@ -74,8 +74,6 @@ def compare_with_given(
             paraphrase["retrieval_dir"] = e.retrieval_dir
     out: dict[str, dict] = {PARAPHRASE: paraphrase} if paraphrase else {}
     if e.documents_dir is not None:
-        from distributed_emb.storage import local_model_dir
-
         directory = local_model_dir(e.documents_dir)
         runs = [
             evaluate_splits(encoder_for(m, passage_length(e, m)), directory, [TEST])[TEST]
@@ -104,9 +102,6 @@ def _paired_metrics(given: dict, exported: dict) -> dict[str, dict]:
 def passage_length(e: EvalConfig, model_dir: str) -> int:
     """The tokens a passage of eval.documents_dir is embedded with by `model_dir`:
     eval.documents_max_seq_length, at most what its position embeddings take."""
-    from distributed_emb.model.model_card import position_limit
-    from distributed_emb.storage import local_model_dir
-
     limit = position_limit(local_model_dir(model_dir))
     return min(e.documents_max_seq_length, limit or e.documents_max_seq_length)
 
