@@ -141,8 +141,14 @@ def run_location(output: OutputConfig, run_name: str):
 
 
 def latest_checkpoint(filesystem, run_dir: str) -> str | None:
-    """The newest `checkpoint_*` directory of a run (Ray names them checkpoint_<date_time.ms>,
-    which sorts in time order), or None."""
+    """The newest complete `checkpoint_*` directory of a run (Ray names them
+    checkpoint_<date_time.ms>, which sorts in time order), or None.
+
+    Complete: it holds the run's identity (rank 0 writes it into every checkpoint). A newer
+    directory without it is an upload that a lost node interrupted; Ray Train never registered
+    it and resumes from the one before, so that is the one the new run is compared with. Where
+    no directory holds an identity, the newest is returned (and the comparison names what it
+    lacks)."""
     try:
         entries = filesystem.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
     except (FileNotFoundError, NotADirectoryError):
@@ -153,6 +159,18 @@ def latest_checkpoint(filesystem, run_dir: str) -> str | None:
         if e.type == pafs.FileType.Directory
         and posixpath.basename(e.path).startswith(CHECKPOINT_PREFIX)
     )
+    for name in reversed(names):
+        directory = posixpath.join(run_dir, name)
+        if any(
+            filesystem.get_file_info(posixpath.join(directory, held)).type == pafs.FileType.File
+            for held in (IDENTITY_FILE, CONFIG_FILE)
+        ):
+            if name != names[-1]:
+                log.warning(
+                    "%s: %s holds no run identity (an interrupted upload); comparing with %s",
+                    run_dir, names[-1], name,
+                )  # fmt: skip
+            return directory
     return posixpath.join(run_dir, names[-1]) if names else None
 
 

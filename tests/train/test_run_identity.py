@@ -93,6 +93,28 @@ def test_the_newest_checkpoint_decides(tmp_path, no_training):
         _run(_config(tmp_path, "train.learning_rate=1e-5"))
 
 
+def test_an_interrupted_upload_is_passed_over_for_the_checkpoint_before_it(tmp_path, no_training):
+    # A node lost while its checkpoint was uploading leaves a newer directory without the
+    # run's files; Ray Train resumes from the one before it, and so does the comparison.
+    run_dir = tmp_path / "storage" / "r1"
+    _earlier_run(_config(tmp_path), run_dir)
+    interrupted = run_dir / "checkpoint_2026-01-01_11-00-00.000000"
+    interrupted.mkdir()
+    (interrupted / "model.safetensors").write_bytes(b"half")
+    with pytest.raises(TrainingStarted):
+        _run(_config(tmp_path))
+    assert no_training == ["r1"]
+    with pytest.raises(RunIdentityError, match="train.seed 42 → 7"):
+        _run(_config(tmp_path, "train.seed=7"))
+
+
+def test_a_checkpoint_of_no_known_run_is_refused_naming_what_it_lacks(tmp_path, no_training):
+    (tmp_path / "storage" / "r1" / "checkpoint_2026-01-01_10-00-00.000000").mkdir(parents=True)
+    with pytest.raises(RunIdentityError, match="run_identity.json missing from checkpoint_2026"):
+        _run(_config(tmp_path))
+    assert no_training == []
+
+
 def test_a_resume_onto_another_stream_is_refused_before_training(tmp_path, no_training):
     """The data settings outside the run identity (the token cache built, rebuilt or removed)
     still decide which rows a position points at: the checkpoint's stream is compared."""
