@@ -24,8 +24,10 @@ log = logging.getLogger("distributed_emb")
 WORKER_SETUP_HOOK = "distributed_emb.console.quiet_worker_setup"
 
 
-# Set in this process and passed to every Ray worker (start_ray) unless the user set them:
-# - HF_HUB_OFFLINE: no hub access at run time unless the user opts in (HF_HUB_OFFLINE=0);
+# Set in this process and passed to every Ray worker (start_ray) unless the user set them.
+# The hub is left as the environment says (online unless HF_HUB_OFFLINE=1): a cluster with
+# internet loads `model.path=BAAI/bge-small-en-v1.5` as sentence-transformers would. Switching
+# it off is for machines without internet, and the test harness does it for itself.
 # - TOKENIZERS_PARALLELISM: one thread per tokenising process, which Ray already runs many of;
 # - HF_HUB_DISABLE_PROGRESS_BARS: no "Loading weights" bar each time a Train worker, Tune
 #   trial or annotation actor loads the model (transformers reads it at import);
@@ -35,11 +37,15 @@ WORKER_SETUP_HOOK = "distributed_emb.console.quiet_worker_setup"
 #   to list on a 2-core cluster while they started, against 3 s with 2; two actors, each with
 #   Ray's 128 concurrent reads, still list thousands of object-store files in parallel.
 ENVIRONMENT_DEFAULTS = {
-    "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS": "2",
 }
+
+
+# Passed on to every Ray worker as the driver has them: where the hub cache is, and whether the
+# hub is off (a driver started offline has workers offline too).
+HUB_SWITCHES = ("HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def environment_defaults() -> None:
@@ -47,11 +53,11 @@ def environment_defaults() -> None:
         os.environ.setdefault(name, value)
 
 
-# At import, not in a job's main(): huggingface_hub and datasets read HF_HUB_OFFLINE once, when
-# first imported, and a job's own imports (transformers, through the trainer) import them before
-# main() runs; set later, the variable is there and the hub client still goes online. Every job
-# imports this module before any of those, and this module's imports never reach them
-# (tests/test_offline.py checks both).
+# At import, not in a job's main(): transformers reads HF_HUB_DISABLE_PROGRESS_BARS once, when
+# first imported, and a job's own imports (transformers, through the trainer) import it before
+# main() runs; set later, the variable is there and the bars still show. Every job imports this
+# module before any of those, and this module's imports never reach them (tests/test_offline.py
+# checks both).
 environment_defaults()
 
 
@@ -93,7 +99,7 @@ def start_ray(settings: RayConfig, state_api: bool = False) -> None:
     runtime_env = {
         "env_vars": {
             k: os.environ[k]
-            for k in (*ENVIRONMENT_DEFAULTS, "HF_HOME")
+            for k in (*ENVIRONMENT_DEFAULTS, *HUB_SWITCHES)
             if k in os.environ and k not in job_env_vars
         }
     }

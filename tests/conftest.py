@@ -8,10 +8,14 @@ from pathlib import Path
 
 import pytest
 
-# Offline and out of $HOME before anything imports transformers or deepspeed. The jobs' own
-# environment defaults (runtime.ENVIRONMENT_DEFAULTS: hub offline, one tokenizer thread, Ray
-# Data's footer actors...) are set when cli is imported, which imports none of those, so
-# that tests that start Ray or read data themselves run as a job does.
+# Offline and out of $HOME before anything imports transformers or deepspeed: the test machines
+# have no internet, and the jobs leave the hub as the environment says (a user's cluster loads
+# hub models), so the harness switches it off for itself and every process it starts (jobs,
+# Ray workers, submitted jobs: harness/autoscaling_cluster.py HUB_OFFLINE). The jobs' own
+# environment defaults (runtime.ENVIRONMENT_DEFAULTS: one tokenizer thread, Ray Data's footer
+# actors...) are set when cli is imported, which imports none of those, so that tests that start
+# Ray or read data themselves run as a job does.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 # Ray Train's controller polls its workers every 2 s and moves a run from one state to the next

@@ -69,6 +69,6 @@ def validate_export_config(c: ExportConfig, key: str = "export") -> None:
         _require(
             os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("0", "false", "no", ""),
             f"{key}.push_to_hub",
-            "the hub is off (HF_HUB_OFFLINE=1, our jobs' default); run with HF_HUB_OFFLINE=0 "
+            "the hub is off (HF_HUB_OFFLINE=1 in the environment); run with HF_HUB_OFFLINE=0 "
             "and a token (HF_TOKEN or `hf auth login`), or drop export.push_to_hub",
         )
