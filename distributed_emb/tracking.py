@@ -403,3 +403,30 @@ class StoredLogs:
             done.set()
             thread.join()
             self.upload()
+
+
+# While a job that runs in its driver (MCR², embed, mine) works, its lines and curves reach
+# storage this often: a job killed mid-run leaves what it logged up to then.
+OUTPUT_UPLOAD_S = 30.0
+
+
+@contextlib.contextmanager
+def outputs_on_storage(
+    storage_path: str | None, run_name: str, output_dir: str | os.PathLike
+) -> Iterator[str | None]:
+    """For a job whose work runs in its driver: with `storage_path` set, its run.log lines,
+    train_log.jsonl and TensorBoard files reach `<storage>/<run name>/logs/` while it runs
+    (StoredLogs, every OUTPUT_UPLOAD_S), and when it ends, finished or failed, every file of
+    `output_dir` is copied to `<storage>/<run name>/`, so that nothing the user needs stays on
+    the node. Yields `<storage>/<run name>`, or None (no storage: the local files only)."""
+    if not storage_path:
+        yield None
+        return
+    location = join(storage_path.rstrip("/"), run_name)
+    stored = StoredLogs(join(location, LOGS_DIR), "driver", logging.getLogger(), output_dir)
+    try:
+        with stored.every(OUTPUT_UPLOAD_S):
+            yield location
+    finally:
+        stored.close()
+        copy_to_storage(output_dir, location)

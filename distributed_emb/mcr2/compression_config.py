@@ -33,6 +33,7 @@ from distributed_emb.selection import (
     resolve_auto,
 )
 from distributed_emb.settings import Seed, section
+from distributed_emb.storage_paths import require_writable
 
 BASELINES = ("pca", "pca_whiten", "random", "full")  # the default list
 # Opt-in: fine-tunes the encoder, then re-embeds every evaluation set (mcr2/matryoshka.py).
@@ -210,6 +211,18 @@ class CompressionOutputConfig:
         str,
         Field(description="where results.json / .md, the exported models and run.log go"),
     ] = "outputs/mcr2"
+    storage_path: Annotated[
+        str | None,
+        Field(
+            description="s3://, gs:// or a shared path: the run's logs and curves go to "
+            "<storage_path>/<run_name>/logs/ while it runs, and every file of output.dir to "
+            "<storage_path>/<run_name>/ when it ends; null: output.dir only"
+        ),
+    ] = None
+    run_name: Annotated[
+        str | None,
+        Field(description="the run's directory under output.storage_path; null: output.dir's name"),
+    ] = None
 
 
 @section
@@ -272,6 +285,7 @@ class MCR2Config:
             len(set(self.output_dims)) == len(self.output_dims), "output_dims", "has duplicates"
         )
         require(bool(self.output.dir.strip()), "output.dir", "is empty")
+        require_writable(self.output.storage_path, "output.storage_path")
         e = self.model
         require_model_dir(e.path, "model.path")
         s, p = self.sentences, self.pairs

@@ -108,7 +108,7 @@ from distributed_emb.selection import (
     retrieval_split,
     selected_metric,
 )
-from distributed_emb.tracking import MetricsSinks
+from distributed_emb.tracking import MetricsSinks, outputs_on_storage
 
 log = logging.getLogger(__name__)
 
@@ -220,11 +220,24 @@ def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
 
 
 def run(config: MCR2Config) -> dict:
-    """Train, compare and export; returns the results written to ``results.json``."""
-    started = time.perf_counter()
-    load_at_start = _load_average()
+    """Train, compare and export; returns the results written to ``results.json``. With
+    ``output.storage_path``, everything in ``output.dir`` also lives on storage
+    (tracking.outputs_on_storage): the logs and curves while the run goes, the rest at its end."""
     output_dir = Path(config.output.dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    output = config.output
+    with outputs_on_storage(
+        output.storage_path, output.run_name or output_dir.resolve().name, output_dir
+    ) as stored:
+        results, heads = _run(config, output_dir)
+        results["storage_uri"] = stored
+        write_outputs(results, heads, output_dir)
+    return results
+
+
+def _run(config: MCR2Config, output_dir: Path) -> tuple[dict, dict[int, TrainedHead]]:
+    started = time.perf_counter()
+    load_at_start = _load_average()
     timings: dict[str, float] = {}
     sinks = MetricsSinks.start(
         config.logging, output_dir, dataclasses.asdict(config), run_name=output_dir.name
@@ -297,8 +310,7 @@ def run(config: MCR2Config) -> dict:
         "load_average": {"start": load_at_start, "end": _load_average()},
         "config": dataclasses.asdict(config),
     }
-    write_outputs(results, heads, output_dir)
-    return results
+    return results, heads
 
 
 def read_inputs(config: MCR2Config) -> RunInputs:

@@ -100,6 +100,7 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
             "eval.retrieval_splits=[dev, test]",
             "eval.select_by=retrieval:dev",  # the heads' epochs chosen on the BEIR dev split
             "heldout.seed=5",  # of the 6 documents: wiki-290 held out as dev, wiki-39 as test
+            f"output.storage_path={tmp_path / 'storage'}",  # a shared path: as s3:// would
         ],
     )
     config.validate()
@@ -207,6 +208,20 @@ def test_run_trains_compares_and_exports(tmp_path, tiny_bert_path, small_data, m
     assert written["training"]["select_by"] == "retrieval:dev"
     assert f"| {beir.name} test nDCG@10 |" in report
     assert written["intervals"]["reference"] == "full-32"
+    # Storage holds every output, the logs and curves under logs/ as the driver uploaded them.
+    stored = tmp_path / "storage" / "run"
+    assert results["storage_uri"] == str(stored)
+    assert json.loads((stored / "results.json").read_text())["table"] == written["table"]
+    assert (stored / "results.md").read_text() == report
+    assert {"heads_vs_baselines.png", "training_sentences.parquet"} <= set(
+        p.name for p in stored.iterdir()
+    )
+    assert (stored / "models" / "mcr2-8" / "config_sentence_transformers.json").is_file()
+    assert (stored / "logs" / "train_log.jsonl").read_text() == (
+        out / "train_log.jsonl"
+    ).read_text()
+    assert any((stored / "logs" / "tensorboard").iterdir())
+    assert "document-level yardstick" in (stored / "logs" / "run.log").read_text()
     model = SentenceTransformer(results["exported_models"][8], device="cpu")
     vectors = model.encode(test.sentences1[:5])
     assert vectors.shape == (5, 8)
