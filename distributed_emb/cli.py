@@ -21,6 +21,7 @@ import yaml
 from distributed_emb.checks import ConfigError
 from distributed_emb.config import load_config, read_yaml, to_dict
 from distributed_emb.errors import UserInputError
+from distributed_emb.progress_report import set_progress
 from distributed_emb.runtime import LOG_FORMAT, setup_logging, start_ray
 from distributed_emb.settings import key_docs, lookup
 
@@ -112,6 +113,8 @@ def run_job(job: Job, argv: list[str] | None = None) -> int:
             start_ray(config.ray)
             return job.plan(config)
         setup_logging(job.log_dir(config))
+        if getattr(config, "logging", None) is not None:
+            set_progress(config.logging.progress_bar)  # every long piece of work, its workers'
         if job.uses_ray(config):
             start_ray(config.ray, state_api=job.state_api)
         return job.run(config)

@@ -36,5 +36,9 @@ class LoggingConfig:
     # Redrawn into a log file, each redraw would become a line.
     progress_bar: Annotated[
         Literal["auto", "on", "off"],
-        Field(description="the training progress bar; auto: only when stderr is a terminal"),
+        Field(
+            description="progress of training and of every long piece of work (embedding, "
+            "annotation, evaluation, the token cache, trials): auto: a bar on a terminal, "
+            "else a line at most a minute; on: the bar; off: neither"
+        ),
     ] = "auto"

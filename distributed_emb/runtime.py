@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distributed_emb.console import LOG_FORMAT, dedupe_repeated_ray_warnings, quiet_ray_data
+from distributed_emb.progress_report import MODE_VARIABLE as PROGRESS_MODE
 
 if TYPE_CHECKING:
     from distributed_emb.ray_config import RayConfig
@@ -99,7 +100,7 @@ def start_ray(settings: RayConfig, state_api: bool = False) -> None:
     runtime_env = {
         "env_vars": {
             k: os.environ[k]
-            for k in (*ENVIRONMENT_DEFAULTS, *HUB_SWITCHES)
+            for k in (*ENVIRONMENT_DEFAULTS, *HUB_SWITCHES, PROGRESS_MODE)
             if k in os.environ and k not in job_env_vars
         }
     }

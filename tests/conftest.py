@@ -17,6 +17,9 @@ import pytest
 # Ray or read data themselves run as a job does.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# No progress bars or lines from long work in the test logs (progress_report.py; its own tests
+# set the mode they check).
+os.environ.setdefault("DISTRIBUTED_EMB_PROGRESS", "off")
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 # Ray Train's controller polls its workers every 2 s and moves a run from one state to the next
 # (started, running, finished) only at a poll: a tiny run waits several seconds for nothing. The

@@ -29,6 +29,7 @@ LAYERS = [
         "settings",
         "selection",
         "scoring",  # pair cosines and Spearman × 100: every STS number, the serving check
+        "progress_report",  # the bar or the line a minute of every long piece of work
     },
     {"data", "losses"},  # what is read and what is optimised
     # Each package's own settings, declared beside it (SECTION_MODULES), read nothing above.

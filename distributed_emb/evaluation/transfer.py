@@ -38,6 +38,7 @@ from threadpoolctl import threadpool_limits
 
 from distributed_emb.checks import require
 from distributed_emb.evaluation.senteval_data import ClassificationData, PairClassificationData
+from distributed_emb.progress_report import Progress
 from distributed_emb.settings import Seed, section
 
 Encoder = Callable[[list[str]], np.ndarray]
@@ -103,12 +104,18 @@ class TransferConfig:
 
 @dataclass
 class _FitCounter:
-    """Counts fits and the ones lbfgs stopped before converging."""
+    """Counts fits and the ones lbfgs stopped before converging; shows them as progress (a
+    task's nested cross-validation is hundreds of fits, minutes on a few cores)."""
 
+    planned: int  # the fits this classifier will make
     fits: int = 0
     not_converged: int = 0
     seconds: float = 0.0
     chosen_c: list[float] = field(default_factory=list)
+    progress: Progress | None = None
+
+    def __post_init__(self) -> None:
+        self.progress = Progress("transfer classifiers", self.planned, "fits")
 
 
 def _fit(
@@ -124,6 +131,7 @@ def _fit(
         classifier.fit(x, y)
     counter.seconds += time.perf_counter() - start
     counter.fits += 1
+    counter.progress.update(1)
     counter.not_converged += any(issubclass(w.category, ConvergenceWarning) for w in caught)
     return classifier
 
@@ -144,6 +152,7 @@ def _best_c(scores: list[float], grid: tuple[float, ...]) -> float:
 
 
 def _summary(counter: _FitCounter, **values) -> dict:
+    counter.progress.close()
     return {
         **values,
         "n_fits": counter.fits,
@@ -155,7 +164,7 @@ def _summary(counter: _FitCounter, **values) -> dict:
 
 def inner_kfold_accuracy(x: np.ndarray, y: np.ndarray, config: TransferConfig) -> dict:
     """SentEval's InnerKFoldClassifier: nested cross-validation on one labelled set."""
-    counter = _FitCounter()
+    counter = _FitCounter(config.kfold * (len(config.inner_kfold_c) * config.kfold + 1))
     outer = StratifiedKFold(n_splits=config.kfold, shuffle=True, random_state=1111)
     inner = StratifiedKFold(n_splits=config.kfold, shuffle=True, random_state=1111)
     dev_scores, test_scores = [], []
@@ -186,7 +195,7 @@ def kfold_then_test(
     config: TransferConfig,
 ) -> dict:
     """SentEval's KFoldClassifier: choose C by k-fold on train, refit, score on test."""
-    counter = _FitCounter()
+    counter = _FitCounter(len(config.kfold_c) * config.kfold + 1)
     folds = list(
         StratifiedKFold(n_splits=config.kfold, shuffle=True, random_state=config.seed).split(
             x_train, y_train
@@ -215,7 +224,7 @@ def split_accuracy(
     config: TransferConfig,
 ) -> dict:
     """SentEval's SplitClassifier: choose C on dev, score the same fit's refit on test."""
-    counter = _FitCounter()
+    counter = _FitCounter(len(config.inner_kfold_c))
     classifiers = [_fit(x_train, y_train, c, config, counter) for c in config.inner_kfold_c]
     scores = [round(100 * clf.score(x_dev, y_dev), 2) for clf in classifiers]
     best_index = int(np.argmax(scores))

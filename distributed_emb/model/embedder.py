@@ -39,10 +39,13 @@ import torch
 
 from distributed_emb.model.model_config import ROLES, role_prompt
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
+from distributed_emb.progress_report import Progress
 from distributed_emb.resource_plan import Extra, check_pool_plan
 from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 INDEX_COLUMN = "__index"
+# Embedder.embed on a long list reports progress every this many batches.
+BATCHES_PER_PROGRESS_STEP = 32
 EMBEDDING_COLUMN = "embedding"
 
 
@@ -123,15 +126,33 @@ class Embedder:
             "normalize_embeddings": self.normalize,
         }
         if role is None:
-            embeddings = self.model.encode(list(sentences), **options)
+            encode = self.model.encode
         elif role in ROLES:
             # The prompt given explicitly ("" for none): sentence-transformers then prepends
             # exactly it; the method still tells a Router model which route to take.
             method = self.model.encode_query if role == "query" else self.model.encode_document
-            embeddings = method(list(sentences), prompt=self.prompt(role), **options)
+            options["prompt"] = self.prompt(role)
+            encode = method
         else:
             raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
-        return np.asarray(embeddings, dtype=np.float32).reshape(len(sentences), -1)
+        sentences = list(sentences)
+        chunk = self.batch_size * BATCHES_PER_PROGRESS_STEP
+        if len(sentences) <= chunk:  # a Ray Data batch, a small set: one call
+            embeddings = encode(sentences, **options)
+            return np.asarray(embeddings, dtype=np.float32).reshape(len(sentences), -1)
+        # A long list in chunks, so that its progress shows. Cut in encode's own order (longest
+        # first) and in whole batches: each chunk's batches are the ones a single call makes.
+        order = np.argsort([-len(s) for s in sentences], kind="stable")
+        rows, pieces = [], []
+        with Progress("encode", len(sentences), "sentences") as done:
+            for start in range(0, len(order), chunk):
+                rows.append(order[start : start + chunk])
+                pieces.append(encode([sentences[i] for i in rows[-1]], **options))
+                done.update(len(rows[-1]))
+        out = np.empty((len(sentences), np.asarray(pieces[0]).shape[-1]), dtype=np.float32)
+        for chunk_rows, piece in zip(rows, pieces, strict=True):
+            out[chunk_rows] = np.asarray(piece, dtype=np.float32).reshape(len(chunk_rows), -1)
+        return out
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.text_column not in batch:
@@ -346,10 +367,11 @@ def ray_encode(
     indices: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
     hint = "fix: the encoder's concurrency, num_cpus_per_actor or the cluster's nodes"
-    with no_silent_stall(stall_timeout_s, hint=hint):
+    with no_silent_stall(stall_timeout_s, hint=hint), Progress("encode", n, "sentences") as done:
         for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
             indices.append(np.asarray(batch[INDEX_COLUMN], dtype=np.int64))
             chunks.append(np.asarray(batch[EMBEDDING_COLUMN], dtype=np.float32))
+            done.update(len(indices[-1]))
     index = np.concatenate(indices)  # (n,)
     embeddings = np.concatenate(chunks).reshape(len(index), -1)  # (n, d)
     if len(index) != n or not np.array_equal(np.sort(index), np.arange(n)):

@@ -1,0 +1,134 @@
+"""Progress of work that can take minutes: embedding a corpus, encoding for an evaluation,
+annotating documents, preparing the token cache, mining, InfoCSE's rounds, Tune's trials.
+
+One `Progress` per piece of work, fed the units done as they finish. Where it shows:
+
+- **on a terminal**: a bar with the total, the rate and the ETA (tqdm);
+- **elsewhere** (a `ray job logs` stream, CI, run.log, a Ray worker's log): one log line at
+  most every minute, "<what>: <done>/<total> <unit> (<pct>%), <rate>/s, ETA <m:ss>", and one
+  closing line for work that lasted that long;
+- **nowhere** when asked: `logging.progress_bar=off` (cli.run_job), or
+  `DISTRIBUTED_EMB_PROGRESS=off` in the environment (the tests set it).
+
+The mode is one environment variable so that it reaches Ray workers (runtime.start_ray passes
+it on) and code that holds no config: an encoding function knows nothing of `logging.*`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+log = logging.getLogger(__name__)
+
+MODE_VARIABLE = "DISTRIBUTED_EMB_PROGRESS"  # auto (default) | on | lines | off
+LINE_EVERY_S = 60.0  # off a terminal: a line at most this often
+
+
+def progress_mode(stream: TextIO | None = None) -> str:
+    """ "bar", "lines" or "off": the environment's setting, "auto" judged on `stream`'s being a
+    terminal (default stderr)."""
+    setting = os.environ.get(MODE_VARIABLE, "auto").strip().lower()
+    if setting in ("off", "lines"):
+        return setting
+    if setting == "on":
+        return "bar"
+    stream = stream if stream is not None else sys.stderr
+    return "bar" if stream.isatty() else "lines"
+
+
+def set_progress(setting: str) -> None:
+    """`logging.progress_bar` of a job's config (auto, on, off), for this process and the Ray
+    workers it starts. "auto" leaves an environment that already says otherwise alone."""
+    if setting in ("on", "off"):
+        os.environ[MODE_VARIABLE] = setting
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """`with Progress("embed", total=n, unit="sentences") as progress: ... progress.update(k)`.
+
+    `total` None: the count and rate without a percentage or ETA. `logger`: where lines go
+    (default this module's, whose records reach the console and run.log). `clock`, `mode`,
+    `every_s`: for tests."""
+
+    def __init__(
+        self,
+        what: str,
+        total: int | None,
+        unit: str = "rows",
+        logger: logging.Logger | None = None,
+        every_s: float = LINE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        mode: str | None = None,
+    ) -> None:
+        self.what, self.total, self.unit = what, total, unit
+        self.logger = logger or log
+        self.every_s = every_s
+        self.clock = clock
+        self.mode = mode or progress_mode()
+        self.done = 0
+        self.started = clock()
+        self.last_line = self.started
+        self.lines = 0
+        self.bar = None
+        if self.mode == "bar":
+            from tqdm.auto import tqdm  # tqdm comes with transformers and Ray
+
+            self.bar = tqdm(total=total, desc=what, unit=f" {unit}", dynamic_ncols=True)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def update(self, count: int = 1) -> None:
+        self.done += count
+        if self.bar is not None:
+            self.bar.update(count)
+        elif self.mode == "lines" and self.clock() - self.last_line >= self.every_s:
+            self.logger.info("%s", self.line())
+            self.last_line = self.clock()
+            self.lines += 1
+
+    def line(self) -> str:
+        """ "<what>: <done>/<total> <unit> (<pct>%), <rate>/s, ETA <m:ss>"."""
+        elapsed = max(self.clock() - self.started, 1e-9)
+        rate = self.done / elapsed
+        if self.total:
+            left = (self.total - self.done) / rate if rate > 0 else float("inf")
+            eta = _duration(left) if left != float("inf") else "?"
+            return (
+                f"{self.what}: {self.done:,}/{self.total:,} {self.unit} "
+                f"({100 * self.done / self.total:.0f}%), {rate:,.1f}/s, ETA {eta}"
+            )
+        return f"{self.what}: {self.done:,} {self.unit}, {rate:,.1f}/s"
+
+    def close(self) -> None:
+        """The bar closed; off a terminal, a last line for work that already said something
+        or lasted a line's interval (short work stays silent)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+            return
+        elapsed = self.clock() - self.started
+        if self.mode == "lines" and (self.lines or elapsed >= self.every_s):
+            self.logger.info(
+                "%s: %s %s in %s (%.1f/s)",
+                self.what,
+                f"{self.done:,}",
+                self.unit,
+                _duration(elapsed),
+                self.done / max(elapsed, 1e-9),
+            )
+            self.lines += 1
