@@ -67,18 +67,28 @@ def read_yaml(text: str) -> Any:
 
 # Keys that were renamed: the old name fails with the new one, never silently.
 RENAMED_KEYS = {
-    "data.shuffle_buffer_rows": (
-        "data.block_rows",
-        "rows are shuffled within each source block of data.block_rows rows, in an order that "
-        "does not depend on the number of workers",
-    ),
     "train.checkpoint_steps": (
         "train.report_steps",
         "every report evaluates STS-B dev as well as writing a checkpoint",
     ),
 }
 # Keys that were removed: they fail with why, never silently.
+ONE_DATA_PATH = (
+    "every corpus is now read once into indexed token shards (data.token_cache_dir, reused by "
+    "later runs with the same corpus and tokenizer) and each worker reads its own rows of them "
+    "(docs/ARCHITECTURE.md)"
+)
 REMOVED_KEYS = {
+    "data.token_cache": f"there is nothing to switch off: {ONE_DATA_PATH}; delete the key",
+    "data.tokenize_in": (
+        f"the shards' build tokenises every corpus in Ray Data tasks: {ONE_DATA_PATH}; "
+        "delete the key"
+    ),
+    "data.shuffle_buffer_rows": (
+        "an epoch permutes spans of the whole corpus and shuffles rows within windows "
+        "(data/shuffle.py), the same for any number of workers: there is no buffer to size; "
+        "data.shuffle_seed sets the order"
+    ),
     "rounds.arrange_pairs": (
         "the annotation writes each round's pairs in a seeded order spread over documents, on "
         "the cluster, and training streams them; no option is needed (docs/INFOCSE.md)"
@@ -179,6 +189,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any, merge: bool = False) -> Non
 
 
 _YAML_NULLS = ("", "~", "null", "Null", "NULL")
+_QUOTED_EMPTY = ("''", '""')
 
 
 def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
@@ -186,7 +197,8 @@ def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
 
     Given the config class, a key whose field is text (paths, names, choices) keeps the text
     after `=` literally: YAML would turn `output.dir=/x #1` into "/x" (a comment) and
-    `data.path=2024` into an integer. Only null (or nothing) means None, where None is allowed.
+    `data.path=2024` into an integer. Only null (or nothing) means None, where None is allowed;
+    `''` or `""` is the empty text (`"prompts.query=''"` on a shell: no prompt).
     """
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key=value")
@@ -201,6 +213,8 @@ def parse_override(text: str, cls: type | None = None) -> tuple[str, Any]:
     if doc is not None and doc.text is not None:
         if doc.nullable and raw.strip() in _YAML_NULLS:
             return key, None
+        if raw.strip() in _QUOTED_EMPTY:  # the empty text, as YAML writes it (a prompt of none)
+            return key, ""
         # A path keeps every character; a choice (pooler=mean) never has outer blanks.
         return key, raw if doc.text == "str" else raw.strip()
     try:
@@ -395,9 +409,6 @@ class TrainingConfig:
             tokenizer=self.model_path,
             max_seq_length=self.model.max_seq_length,
             trust_remote_code=self.model.trust_remote_code,
-            global_batch=self.train.global_batch,
-            max_steps=self.train.max_steps,
-            use_gpu=self.train.use_gpu,
             token_cache_root=root if "://" in root else str(Path(root).expanduser().resolve()),
         )
 

@@ -225,6 +225,17 @@ def test_text_overrides_keep_their_literal_text():
     assert parse_override("nonsense.key=3", TrainingConfig) == ("nonsense.key", 3)
 
 
+def test_a_quoted_empty_override_is_the_empty_text_and_nothing_is_null():
+    """`"prompts.query=''"` switches a model's query prompt off; `prompts.query=` (what a shell
+    leaves of `prompts.query=''`) keeps the model's own."""
+    from distributed_emb.vectors.search_config import SearchConfig
+
+    assert parse_override("prompts.query=''", SearchConfig) == ("prompts.query", "")
+    assert parse_override('prompts.document=""', SearchConfig) == ("prompts.document", "")
+    assert parse_override("prompts.query=", SearchConfig) == ("prompts.query", None)
+    assert parse_override("prompts.query=query: ", SearchConfig) == ("prompts.query", "query: ")
+
+
 def test_output_dir_override_with_hash_and_number(tmp_path):
     config = load_config(TrainingConfig, None, [f"output.dir={tmp_path}/run #1"])
     assert config.output.dir == f"{tmp_path}/run #1"

@@ -94,7 +94,7 @@ class PromptSettings:
         Field(
             description="text put before each query (BEIR evaluation, search); null: the "
             "model's own, as SentenceTransformer.encode_query (its 'query' prompt, else its "
-            "default prompt); '': none"
+            "default prompt); '': none (on a shell: \"prompts.query=''\")"
         ),
     ] = None
     document: Annotated[
