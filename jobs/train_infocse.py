@@ -9,7 +9,8 @@ best round's model, the given one included, is exported to outputs/infocse/model
 says so when no round beat the given model) and the per-round table to
 outputs/infocse/rounds.md. The student regime trains a cut of the model instead:
 student.num_layers=3 annotation.model=source. With output.storage_path=s3://... the rounds'
-state lives there and a rerun continues it (docs/INFOCSE.md).
+state lives there and a rerun continues it, and the run's logs, table, plot and model reach
+it as each round finishes (docs/INFOCSE.md).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def check(config: InfoCSEConfig) -> None:
 
 
 def run(config: InfoCSEConfig) -> int:
-    from distributed_emb.infocse.rounds import exported_line, format_table, run_rounds  # torch
+    from distributed_emb.infocse.round_export import exported_line  # torch
+    from distributed_emb.infocse.round_records import format_table
+    from distributed_emb.infocse.rounds import run_rounds
     from distributed_emb.selection import is_given_model
 
     records = run_rounds(config)

@@ -164,7 +164,7 @@ def test_crashed_model_export_keeps_the_previous_export(tiny_bert_path, tmp_path
 def test_crashed_infocse_best_round_copy_keeps_the_previous_model(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from distributed_emb.infocse import rounds
+    from distributed_emb.infocse import round_export
 
     output = tmp_path / "out"
     output.mkdir()
@@ -176,19 +176,21 @@ def test_crashed_infocse_best_round_copy_keeps_the_previous_model(tmp_path, monk
     from distributed_emb.infocse.round_state import RoundState
     from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
-    real_copytree = rounds.shutil.copytree
+    real_copytree = round_export.shutil.copytree
 
     def crashing_copytree(src, dst, **kwargs):
         Path(dst, "model.safetensors").write_text("half")
         raise Crash("killed mid-copy")
 
-    monkeypatch.setattr(rounds.shutil, "copytree", crashing_copytree)
+    monkeypatch.setattr(round_export.shutil, "copytree", crashing_copytree)
     with pytest.raises(Crash):
-        rounds._export_best(best, output, InfoCSEConfig(), RoundState(str(output), remote=False))
+        round_export.export_best(
+            best, output, InfoCSEConfig(), RoundState(str(output), remote=False)
+        )
     assert (output / "model" / "modules.json").read_text() == "previous run"
     assert _leftovers(output) == []
 
-    monkeypatch.setattr(rounds.shutil, "copytree", real_copytree)
-    rounds._export_best(best, output, InfoCSEConfig(), RoundState(str(output), remote=False))
+    monkeypatch.setattr(round_export.shutil, "copytree", real_copytree)
+    round_export.export_best(best, output, InfoCSEConfig(), RoundState(str(output), remote=False))
     assert (output / "model" / "modules.json").read_text() == "round 2"
     assert _leftovers(output) == []

@@ -8,7 +8,6 @@ import io
 import logging
 
 import numpy as np
-import pytest
 
 from distributed_emb.progress_report import (
     MODE_VARIABLE,

@@ -8,7 +8,7 @@ on topic beyond the interval (:func:`topic_loss_line`), as it says when it hands
 given model.
 
 Used by the training job's metrics.json and console (train/driver.py) and InfoCSE's
-rounds.json (infocse/rounds.py); the card carries the same lines.
+rounds.json (infocse/round_export.py); the card carries the same lines.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ default one document per ``encode`` call, so a bug in batching documents togethe
 splitting them apart shows up as a difference between the two.
 
 The cap on pairs per cluster is sampled with a seed derived from (``idc.seed``, doc_id), so a
-document's pairs do not depend on which batch or actor it landed in.
+document's pairs do not depend on which batch or actor it landed in. The rows both paths hand
+along, their counts and the pairs' written order are annotation_tables.py's.
 """
 
 from __future__ import annotations
@@ -22,17 +23,25 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 from pydantic import Field
 
+from distributed_emb.infocse.annotation_tables import (
+    DOCUMENT_ANNOTATION_SCHEMA,
+    SPREAD_KEY,
+    AnnotationCounts,
+    counts_of,
+    counts_table,
+    explode_pairs,
+    pairs_with_spread_key,
+)
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.model.embedder import Embedder, encoding_pool
 from distributed_emb.settings import section
@@ -41,29 +50,7 @@ from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
 
 logger = logging.getLogger(__name__)
 
-PAIR_SCHEMA = pa.schema(
-    [
-        ("anchor", pa.string()),
-        ("positive", pa.string()),
-        ("doc_id", pa.string()),
-        ("cluster_id", pa.int64()),
-        ("round", pa.int64()),
-    ]
-)
 _SORT_BLOCK_PAIRS = 65_536  # pairs per block when sorting them into their training order
-SPREAD_KEY = "_spread"  # the sort key of the written order, dropped before writing
-# One row per document between the actors and the Parquet writer: the counts come from here.
-_DOCUMENT_ANNOTATION_SCHEMA = pa.schema(
-    [
-        ("doc_id", pa.string()),
-        ("num_sentences", pa.int64()),
-        ("num_clusters", pa.int64()),
-        ("capped_clusters", pa.int64()),
-        ("anchor", pa.list_(pa.string())),
-        ("positive", pa.list_(pa.string())),
-        ("cluster_id", pa.list_(pa.int64())),
-    ]
-)
 
 
 @section
@@ -134,20 +121,6 @@ class AnnotationConfig:
 
 
 @dataclass
-class AnnotationCounts:
-    documents: int = 0
-    sentences: int = 0
-    clusters: int = 0
-    pairs: int = 0
-    documents_without_pairs: int = 0
-    capped_clusters: int = 0
-
-    def add(self, other: AnnotationCounts) -> None:
-        for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
-
-
-@dataclass
 class AnnotationResult:
     counts: AnnotationCounts
     wall_seconds: float
@@ -176,7 +149,7 @@ def document_seed(base_seed: int, doc_id: str) -> int:
 def _annotate_one(
     doc_id: str, sentences: Sequence[str], embeddings: np.ndarray, idc: IDCConfig
 ) -> dict:
-    """IDC on one document → its row of `_DOCUMENT_ANNOTATION_SCHEMA`."""
+    """IDC on one document → its row of `DOCUMENT_ANNOTATION_SCHEMA`."""
     result = intra_document_clusters(embeddings, idc, seed=document_seed(idc.seed, doc_id))
     return {
         "doc_id": doc_id,
@@ -220,58 +193,7 @@ class DocumentAnnotator(Embedder):
         rows = self.annotate(
             batch.column("doc_id").to_pylist(), batch.column("sentences").to_pylist()
         )
-        return pa.Table.from_pylist(rows, schema=_DOCUMENT_ANNOTATION_SCHEMA)
-
-
-def _counts_of(table: pa.Table) -> AnnotationCounts:
-    num_pairs = pc.list_value_length(table.column("anchor")).fill_null(0)
-    return AnnotationCounts(
-        documents=table.num_rows,
-        sentences=int(pc.sum(table.column("num_sentences")).as_py() or 0),
-        clusters=int(pc.sum(table.column("num_clusters")).as_py() or 0),
-        pairs=int(pc.sum(num_pairs).as_py() or 0),
-        documents_without_pairs=int(pc.sum(pc.equal(num_pairs, 0)).as_py() or 0),
-        capped_clusters=int(pc.sum(table.column("capped_clusters")).as_py() or 0),
-    )
-
-
-def _counts_table(table: pa.Table) -> pa.Table:
-    """Per-batch counts as a one-row table (summed on the driver)."""
-    return pa.Table.from_pylist([asdict(_counts_of(table))])
-
-
-def _explode_pairs(table: pa.Table, round_index: int) -> pa.Table:
-    """Per-document rows → one row per pair."""
-    parents = pc.list_parent_indices(table.column("anchor"))  # (P,) row of each pair
-    return pa.table(
-        {
-            "anchor": pc.list_flatten(table.column("anchor")),
-            "positive": pc.list_flatten(table.column("positive")),
-            "doc_id": pc.take(table.column("doc_id"), parents),
-            "cluster_id": pc.list_flatten(table.column("cluster_id")),
-            "round": pa.array(np.full(len(parents), round_index, dtype=np.int64)),
-        },
-        schema=PAIR_SCHEMA,
-    )
-
-
-def spread_keys(pairs: pa.Table, seed: int) -> np.ndarray:
-    """A 64-bit key per pair from (seed, doc_id, anchor, positive) alone. Sorted by it, the
-    pairs are in a seeded pseudo-random order that does not depend on which actor or batch
-    produced them, and a document's pairs are spread over the whole round instead of sitting
-    together: consecutive rows (a training batch) come from documents drawn at random."""
-    import pandas as pd
-
-    text = pc.binary_join_element_wise(
-        pairs.column("doc_id"), pairs.column("anchor"), pairs.column("positive"), "\x1f"
-    )
-    hash_key = f"{seed:016x}"[-16:]  # siphash's 16-character key
-    return pd.util.hash_array(np.asarray(text.to_pandas(), dtype=object), hash_key=hash_key)
-
-
-def _pairs_with_spread_key(table: pa.Table, round_index: int, seed: int) -> pa.Table:
-    pairs = _explode_pairs(table, round_index)
-    return pairs.append_column(SPREAD_KEY, pa.array(spread_keys(pairs, seed), pa.uint64()))
+        return pa.Table.from_pylist(rows, schema=DOCUMENT_ANNOTATION_SCHEMA)
 
 
 def documents_per_block(documents: int, config: AnnotationConfig) -> int:
@@ -356,7 +278,7 @@ def annotate_documents(
         ).materialize()  # embedded once; counted and written from the stored rows
 
         counts = AnnotationCounts()
-        for row in annotated.map_batches(_counts_table, batch_format="pyarrow").iter_rows():
+        for row in annotated.map_batches(counts_table, batch_format="pyarrow").iter_rows():
             counts.add(AnnotationCounts(**{k: int(v) for k, v in row.items()}))
         # Blocks arrive in whatever order actors finish them (another order on a rerun, or
         # after a lost node's actor is restarted elsewhere). Sorted by their spread key (a
@@ -364,7 +286,7 @@ def annotate_documents(
         # on every run, and that order spreads each document's pairs over the round, so
         # training batches mix documents without a pass over the pairs on the driver.
         pairs = annotated.map_batches(
-            _pairs_with_spread_key, batch_format="pyarrow",
+            pairs_with_spread_key, batch_format="pyarrow",
             fn_kwargs={"round_index": round_index, "seed": config.idc.seed + round_index},
         )  # fmt: skip
         sort_blocks = max(1, math.ceil(counts.pairs / _SORT_BLOCK_PAIRS))
@@ -413,7 +335,7 @@ def annotate_documents_locally(
         rows = annotator.annotate(
             [str(d["doc_id"]) for d in chunk], [list(d["sentences"]) for d in chunk]
         )
-        tables.append(pa.Table.from_pylist(rows, schema=_DOCUMENT_ANNOTATION_SCHEMA))
+        tables.append(pa.Table.from_pylist(rows, schema=DOCUMENT_ANNOTATION_SCHEMA))
         chunk.clear()
 
     for document in documents:
@@ -422,11 +344,11 @@ def annotate_documents_locally(
             flush()
     if chunk:
         flush()
-    annotated = pa.concat_tables(tables) if tables else _DOCUMENT_ANNOTATION_SCHEMA.empty_table()
-    pairs = _explode_pairs(annotated, round_index)
+    annotated = pa.concat_tables(tables) if tables else DOCUMENT_ANNOTATION_SCHEMA.empty_table()
+    pairs = explode_pairs(annotated, round_index)
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         pq.write_table(pairs, Path(output_dir) / "pairs.parquet")
-    result = AnnotationResult(_counts_of(annotated), time.perf_counter() - start, output_dir)
+    result = AnnotationResult(counts_of(annotated), time.perf_counter() - start, output_dir)
     logger.info("round %d (local): %s", round_index, result.summary())
     return pairs.to_pylist(), result

@@ -50,16 +50,9 @@ from distributed_emb.evaluation.document_retrieval import same_document_ranks
 from distributed_emb.evaluation.paired_bootstrap import PairedDifference
 from distributed_emb.evaluation.retrieval import metrics_from_ranks, per_query_from_ranks
 from distributed_emb.evaluation.sts import per_pair, read_stsb, spearman_x100, sts_cosines
-from distributed_emb.infocse.rounds import (
-    HeldOut,
-    _initial_model,
-    _split_held_out,
-    _teacher,
-    evaluate_dev,
-    round_embedder,
-    round_state,
-    run_rounds,
-)
+from distributed_emb.infocse.held_out_documents import HeldOut, split_held_out_documents
+from distributed_emb.infocse.round_evaluation import evaluate_dev, round_embedder
+from distributed_emb.infocse.rounds import initial_model, round_state, run_rounds, teacher_model
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.settings import section
 from distributed_emb.tables import markdown_table
@@ -158,8 +151,8 @@ def format_report(rows: list[dict]) -> str:
 def scored_test_items(model_dir: str, config, heldout: HeldOut | None) -> dict:
     """STS-B test and same-document retrieval on the held-out test documents, per item (each
     pair's cosine, each query's rank), shaped as the evaluation suite's output so that
-    evaluation/comparison.py compares two of them. Embedded as rounds.evaluate_dev embeds
-    (rounds.round_embedder)."""
+    evaluation/comparison.py compares two of them. Embedded as round_evaluation.evaluate_dev
+    embeds (round_embedder)."""
     training = config.training
     embedder = round_embedder(model_dir, config)
     test = read_stsb("test", training.eval.senteval_dir)
@@ -259,11 +252,14 @@ def _infocse_arm(config, teacher: str | None, output: Path) -> dict:
 
 def run_comparison(config, output: Path, arms: list[str], informin_lambda: float) -> list[dict]:
     output.mkdir(parents=True, exist_ok=True)
-    documents, heldout = _split_held_out(read_documents(config.documents).dataset, config)
+    state = round_state(config)
+    documents, heldout = split_held_out_documents(
+        read_documents(config.documents).dataset, config, output, state
+    )
     if heldout is None:
         raise ConfigError("heldout.fraction: the comparison needs held-out documents (> 0)")
-    student = _initial_model(config, output, round_state(config))
-    teacher = _teacher(config) or config.training.model_path
+    student = initial_model(config, output, state)
+    teacher = teacher_model(config) or config.training.model_path
     scoring = copy.deepcopy(config)
     # STS-B test and the held-out test half: scored per item (scored_test_items), once a row.
     scoring.rounds.stsb_test = False

@@ -40,7 +40,7 @@ from pathlib import Path
 from ray.train import UserCallback
 
 from distributed_emb import storage
-from distributed_emb.infocse.annotate import AnnotationCounts
+from distributed_emb.infocse.annotation_tables import AnnotationCounts
 from distributed_emb.selection import SELECT_METRIC
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,9 @@ directory (one machine). Under the root:
 
     rounds.json, rounds.md          finished rounds (the resume state) and their table
     model/                          the best round's model
+    rounds.png, teacher.json        the plot of the rounds, the teacher's scores (storage only)
+    logs/                           the driver's run.log, rounds_log.jsonl, tensorboard/
+                                    (storage only: tracking.StoredLogs; round_records.py)
     round_<r>/pairs/                the round's mined pairs (Parquet shards, annotation.py)
     round_<r>/pairs_source.json     written once the pairs are complete: where they are, their
                                     counts, which model mined them (the commit of the pairs)
@@ -34,11 +37,13 @@ from distributed_emb import storage
 from distributed_emb.checks import ConfigError
 from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.settings import flatten
+from distributed_emb.tracking import LOGS_DIR
 from distributed_emb.train.run_identity import differences, identity
 
 log = logging.getLogger(__name__)
 
 ROUNDS_FILE = "rounds.json"
+TEACHER_FILE = "teacher.json"
 PAIRS_SOURCE_FILE = "pairs_source.json"
 
 # Annotation keys that change where and how fast it runs, not the pairs it mines.
@@ -120,7 +125,8 @@ class RoundState:
         return saved
 
     def save(self, config, records: list, best, table: str, summary: dict | None = None) -> None:
-        """`summary`: keys beside the rounds (rounds.py: the regime, what was exported)."""
+        """`summary`: keys beside the rounds (round_records.py: the regime, what was
+        exported)."""
         payload = {
             "settings": rounds_settings(config),
             "rounds": [asdict(r) for r in records],
@@ -134,6 +140,11 @@ class RoundState:
         for name in (ROUNDS_FILE, "rounds.md"):
             storage.delete_file(self.location(name))
         storage.delete_tree(self.location("model"))
+        if self.remote:
+            # The earlier run's log parts would be merged into this run's run.log, and its
+            # teacher's scores would stand beside rounds that had none.
+            storage.delete_tree(self.location(LOGS_DIR))
+            storage.delete_file(self.location(TEACHER_FILE))
         for directory in storage.list_dirs(self.root):
             if directory.rsplit("/", 1)[-1].startswith("round_"):
                 storage.delete_tree(directory)

@@ -4,8 +4,9 @@ jobs/train_infocse.py with `output.storage_path=s3://...`.
 
 Shape as in cluster/aws.yaml: a head with no CPU (the driver, the Train controller), two fake
 worker nodes of 3 CPUs that run the annotation actors, the Ray Data tasks and the Train
-workers. Every round's model, pairs and table are in the bucket: the driver's --output holds
-the logs and a copy of the final model, never a round directory.
+workers. Every round's model, pairs and table are in the bucket, and so is everything the
+driver writes (its log, the plot, the sinks' files, the card): the driver's --output holds a
+copy of the logs and of the final model, never a round directory.
 
 Two job runs on one cluster serve every assertion (2–3 min on 2 cores):
 - `first`: a 1-layer student, a quarter of the documents held out, rounds chosen on the
@@ -145,6 +146,31 @@ def test_the_rounds_state_is_in_the_bucket_and_the_driver_keeps_logs_and_the_mod
         assert {"model", "rounds.json", "rounds.md", "rounds.png", "run.log"} <= set(kept)
     local = json.loads((runs["restarted"].output / "rounds.json").read_text())
     assert local["rounds"] == runs["restarted"].records()  # a copy of the bucket's
+
+
+def test_what_the_driver_writes_is_in_the_bucket_too(runs):
+    """The driver's --output is one node's disk: its log lines (both attempts', merged),
+    rounds_log.jsonl, TensorBoard events, the plot, the teacher's scores and the export's card
+    (with the comparison's lines, added after the model was put there) are beside the rounds'
+    state as well (tests/infocse/test_rounds.py: written as each round finishes)."""
+    from distributed_emb import storage
+    from distributed_emb.tracking import read_train_log
+
+    first, again = runs["first"], runs["restarted"]
+    root = again.root
+    run_log = storage.read_text(f"{root}/logs/run.log")
+    assert len(storage.list_files(f"{root}/logs/parts")) == 2  # one part per attempt
+    assert run_log.index("regime: student") < run_log.index(f"teacher {first.teacher}: ")
+    assert run_log.index(f"teacher {first.teacher}: ") < run_log.index("continuing the rounds")
+    assert run_log.index("continuing the rounds") < run_log.rindex("best: round ")
+    stored_rows = read_train_log(f"{root}/logs/rounds_log.jsonl")
+    assert stored_rows == read_train_log(again.output / "rounds_log.jsonl")
+    if (again.output / "tensorboard").is_dir():
+        assert storage.list_files(f"{root}/logs/tensorboard")
+    assert storage.read_bytes(f"{root}/rounds.png")[:4] == b"\x89PNG"
+    assert json.loads(storage.read_text(f"{root}/teacher.json"))["model"] == first.teacher
+    card = (again.output / "model" / "README.md").read_text()
+    assert storage.read_text(f"{root}/model/README.md") == card
 
 
 def test_two_rounds_annotate_train_and_export_the_best(runs):

@@ -18,7 +18,7 @@ from distributed_emb.infocse.compare import (
     row_scores,
     scored_test_items,
 )
-from distributed_emb.infocse.rounds import HeldOut
+from distributed_emb.infocse.held_out_documents import HeldOut
 from distributed_emb.model.embedder import Embedder
 from distributed_emb.paths import shipped_senteval_dir
 

@@ -11,13 +11,12 @@ from harness.jobs import checked_config
 from distributed_emb.checks import ConfigError
 from distributed_emb.data.beir_layout import read_splits
 from distributed_emb.evaluation.document_topics import build_topic_set
-from distributed_emb.infocse.round_state import RoundState
-from distributed_emb.infocse.rounds import (
+from distributed_emb.infocse.held_out_documents import (
     DOCUMENTS_EVAL_DIR,
-    _selection_field,
-    _selection_name,
-    _split_held_out,
+    split_held_out_documents,
 )
+from distributed_emb.infocse.round_evaluation import selection_field, selection_name
+from distributed_emb.infocse.round_state import RoundState
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 
 
@@ -25,8 +24,8 @@ def test_the_default_run_chooses_rounds_on_its_held_out_documents(tmp_path):
     config = checked_config("train_infocse", [f"output.dir={tmp_path}"])
     assert config.rounds.select_by == "eval" and config.eval.select_by == "documents:dev"
     assert config.heldout.fraction > 0
-    assert _selection_field(config) == "documents_dev_ndcg_at_10"
-    assert _selection_name(config) == "nDCG@10 on held-out documents dev"
+    assert selection_field(config) == "documents_dev_ndcg_at_10"
+    assert selection_name(config) == "nDCG@10 on held-out documents dev"
     # The shipped news set (paraphrase) is reported beside it, never chooses.
     assert config.eval.retrieval_dir == "shipped:news"
 
@@ -47,7 +46,7 @@ def test_held_out_documents_never_reach_annotation_or_training(ray_local, tmp_pa
     config = InfoCSEConfig()
     config.heldout.fraction, config.heldout.seed = 0.3, 2
     state = RoundState(str(tmp_path), remote=False)
-    training, heldout = _split_held_out(
+    training, heldout = split_held_out_documents(
         ray_local.data.from_items(documents), config, tmp_path, state
     )
     trained = {row["doc_id"] for row in training.take_all()}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distributed_emb.infocse.annotate import AnnotationCounts
+from distributed_emb.infocse.annotation_tables import AnnotationCounts
 from distributed_emb.infocse.overlap import (
     COMMIT_FILE,
     CheckpointFeed,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from distributed_emb.infocse.annotate import spread_keys
+from distributed_emb.infocse.annotation_tables import spread_keys
 from distributed_emb.infocse.pairs import pair_overlap, pair_overlap_on_cluster, read_pairs
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from distributed_emb.checks import ConfigError
 from distributed_emb.config import load_config
+from distributed_emb.infocse.round_records import RoundRecord, log_record, save_rounds
 from distributed_emb.infocse.round_state import RoundState
-from distributed_emb.infocse.rounds import RoundRecord, _print_row, _save
 from distributed_emb.infocse.rounds_config import InfoCSEConfig
 from distributed_emb.plots import write_panels
 from distributed_emb.tracking import MetricsSinks, read_train_log
@@ -78,22 +78,20 @@ def test_config_errors_name_the_section_key(tmp_path, tiny_bert_path, shared_dat
 
 def test_every_round_annotates_at_the_initial_models_length(tmp_path, tiny_bert_path):
     from distributed_emb.infocse.annotate import AnnotationConfig
-    from distributed_emb.infocse.rounds import _with_fixed_length
+    from distributed_emb.infocse.round_annotation import with_fixed_length
     from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     initial = tmp_path / "initial"
     load_sentence_transformer(tiny_bert_path, pooler="mean", max_seq_length=48).save(str(initial))
-    resolved = _with_fixed_length(AnnotationConfig(), str(initial))
+    resolved = with_fixed_length(AnnotationConfig(), str(initial))
     assert resolved.max_seq_length == 48  # not a later round's export's training length
-    assert (
-        _with_fixed_length(AnnotationConfig(max_seq_length=20), str(initial)).max_seq_length == 20
-    )
+    assert with_fixed_length(AnnotationConfig(max_seq_length=20), str(initial)).max_seq_length == 20
 
 
 def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
     """rounds.png holds STS-B dev, retrieval and mined pairs per round (InfoCSE++ steps as
     their own lines); rounds_log.jsonl and TensorBoard one row per round."""
-    from distributed_emb.infocse import rounds
+    from distributed_emb.infocse import round_records
     from distributed_emb.logging_config import LoggingConfig
 
     records = [
@@ -112,12 +110,14 @@ def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
         plotted.append(panels)
         return write_panels(panels, path, title)
 
-    monkeypatch.setattr(rounds, "write_panels", record_plot)
+    monkeypatch.setattr(round_records, "write_panels", record_plot)
     sinks = MetricsSinks.start(LoggingConfig(), tmp_path, {}, "test", log_name="rounds_log.jsonl")
     for record in records:
-        _print_row(record, sinks)
+        log_record(record, sinks)
     sinks.close()
-    _save(records, records[2], tmp_path, RoundState(str(tmp_path), remote=False), InfoCSEConfig())
+    save_rounds(
+        records, records[2], tmp_path, RoundState(str(tmp_path), remote=False), InfoCSEConfig()
+    )
     saved = json.loads((tmp_path / "rounds.json").read_text())
     assert saved["best"]["stage"] == "supervised" and len(saved["rounds"]) == 4
     assert saved["settings"]["rounds.select_by"] == "stsb_dev"  # what a restart checks
@@ -150,20 +150,20 @@ def test_every_round_is_plotted_and_logged_to_the_sinks(tmp_path, monkeypatch):
 def test_student_and_teacher_resolve_from_the_config(tmp_path, tiny_bert_path, shared_data_dir):
     from transformers import AutoConfig
 
-    from distributed_emb.infocse.rounds import _initial_model, _teacher
+    from distributed_emb.infocse.rounds import initial_model, teacher_model
 
     config = _config(tmp_path, tiny_bert_path, shared_data_dir)
     state = RoundState(str(tmp_path), remote=False)
-    assert _initial_model(config, tmp_path, state) == tiny_bert_path  # no student: the model
-    assert _teacher(config) is None  # no teacher: every round self-annotated
+    assert initial_model(config, tmp_path, state) == tiny_bert_path  # no student: the model
+    assert teacher_model(config) is None  # no teacher: every round self-annotated
     config = _config(
         tmp_path, tiny_bert_path, shared_data_dir,
         ["student.num_layers=1", "annotation.model=source"],
     )  # fmt: skip
-    student = _initial_model(config, tmp_path, state)
+    student = initial_model(config, tmp_path, state)
     assert student == str(tmp_path / "student")
     assert AutoConfig.from_pretrained(student).num_hidden_layers == 1
-    assert _teacher(config) == tiny_bert_path  # "source": the uncut model
+    assert teacher_model(config) == tiny_bert_path  # "source": the uncut model
     with pytest.raises(ConfigError, match=r"^heldout\.fraction: must be in \[0, 1\), got 1\.0 — "):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["heldout.fraction=1.0"])
     with pytest.raises(ConfigError, match=r"^student\.num_layers: must be >= 1 or null, got 0"):
@@ -171,7 +171,7 @@ def test_student_and_teacher_resolve_from_the_config(tmp_path, tiny_bert_path, s
 
 
 def test_held_out_retrieval_is_a_row_column_and_a_panel(tmp_path):
-    from distributed_emb.infocse.rounds import format_table, rounds_panels
+    from distributed_emb.infocse.round_records import format_table, rounds_panels
 
     records = [
         RoundRecord(0, "initial", "m0", stsb_dev=70.0, retrieval_mrr=50.0,
@@ -194,32 +194,57 @@ def test_overlap_mines_only_for_a_round_the_stopping_rule_would_run(
     tmp_path, tiny_bert_path, shared_data_dir
 ):
     from distributed_emb.infocse.overlap import Report
-    from distributed_emb.infocse.rounds import _next_round_follows
+    from distributed_emb.infocse.round_evaluation import next_round_follows
 
     config = _config(tmp_path, tiny_bert_path, shared_data_dir, ["eval.max_pairs=null"])
     worse, better = Report(20, 80.0, None), Report(20, 86.0, None)
     # patience 2: after a first round without gain the next round runs whatever the score.
-    assert _next_round_follows(config, 85.0, rounds_without_gain=0)(worse)
+    assert next_round_follows(config, 85.0, rounds_without_gain=0)(worse)
     # One round without gain already: only a new best lets another round run.
-    follows = _next_round_follows(config, 85.0, rounds_without_gain=1)
+    follows = next_round_follows(config, 85.0, rounds_without_gain=1)
     assert follows(better) and not follows(worse)
     # An in-training dev on a subset of STS-B dev is not comparable: every report is mined.
     subset = _config(tmp_path, tiny_bert_path, shared_data_dir)  # eval.max_pairs=64
-    assert _next_round_follows(subset, 85.0, rounds_without_gain=1)(worse)
+    assert next_round_follows(subset, 85.0, rounds_without_gain=1)(worse)
     # Rounds and training choosing on the same retrieval split: its in-training score counts.
     from harness.tiny_run import tiny_beir_dir
 
     own_dev = [f"eval.retrieval_dir={tiny_beir_dir(tmp_path / 'beir')}",
                "eval.select_by=retrieval:dev"]  # fmt: skip
     same = _config(tmp_path, tiny_bert_path, shared_data_dir, [*own_dev, "rounds.select_by=eval"])
-    follows = _next_round_follows(same, 85.0, rounds_without_gain=1)
+    follows = next_round_follows(same, 85.0, rounds_without_gain=1)
     assert follows(better) and not follows(worse)
     # Rounds on STS-B dev, training on retrieval: the reports' scores are not the rounds'.
     apart = _config(tmp_path, tiny_bert_path, shared_data_dir, [*own_dev, "eval.max_pairs=null"])
-    assert _next_round_follows(apart, 85.0, rounds_without_gain=1)(worse)
+    assert next_round_follows(apart, 85.0, rounds_without_gain=1)(worse)
     with pytest.raises(ConfigError, match=r"rounds\.overlap"):
         _config(tmp_path, tiny_bert_path, shared_data_dir,
                 ["rounds.overlap=true", "supervised.enabled=true"])  # fmt: skip
+
+
+def _rounds_with_fake_steps(monkeypatch, tmp_path, tiny_bert_path, train, evaluate, follower=None):
+    """infocse.rounds with its steps replaced: no documents, no held-out split, the given
+    model as round 0, no teacher, annotation that writes nothing, `train` and `evaluate` for
+    the round's training and scoring, `follower` for rounds.overlap's mining thread."""
+    from types import SimpleNamespace
+
+    from distributed_emb.infocse import round_annotation, rounds
+    from distributed_emb.infocse.annotate import AnnotationResult
+    from distributed_emb.infocse.annotation_tables import AnnotationCounts
+
+    monkeypatch.setattr(rounds, "read_documents", lambda spec: SimpleNamespace(dataset=None))
+    monkeypatch.setattr(rounds, "split_held_out_documents", lambda dataset, *_: (dataset, None))
+    monkeypatch.setattr(rounds, "initial_model", lambda config, output, state: tiny_bert_path)
+    monkeypatch.setattr(rounds, "teacher_model", lambda config: None)
+    annotated = AnnotationResult(AnnotationCounts(), 0.0, str(tmp_path / "pairs"))
+    monkeypatch.setattr(round_annotation, "annotate_documents", lambda *args, **kwargs: annotated)
+    monkeypatch.setattr(round_annotation, "_follow_training", lambda *args: follower)
+    monkeypatch.setattr(rounds, "train_stage", train)
+    monkeypatch.setattr(rounds, "evaluate_dev", evaluate)
+    return rounds
+
+
+_START_SCORES = {"stsb_dev": 80.0, "retrieval_mrr": 0.5, "retrieval_recall_at_1": 0.4}
 
 
 @pytest.mark.parametrize("failing", ["training", "evaluation"])
@@ -229,8 +254,6 @@ def test_a_round_that_fails_after_its_annotation_started_stops_the_mining_thread
     """With rounds.overlap, a round's failure in training or in its own evaluation closes the
     thread mining the next round's pairs (and its Ray queue) before the error propagates."""
     from types import SimpleNamespace
-
-    from distributed_emb.infocse import rounds
 
     config = _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.overlap=true"])
     closed = []
@@ -246,23 +269,69 @@ def test_a_round_that_fails_after_its_annotation_started_stops_the_mining_thread
     def evaluate(model_dir, config, heldout):
         if model_dir == trained.model_dir:
             raise RuntimeError("dev set unreadable")
-        return {"stsb_dev": 80.0, "retrieval_mrr": 0.5, "retrieval_recall_at_1": 0.4}
+        return _START_SCORES
 
-    monkeypatch.setattr(rounds, "read_documents", lambda spec: SimpleNamespace(dataset=None))
-    monkeypatch.setattr(rounds, "_split_held_out", lambda dataset, *_: (dataset, None))
-    monkeypatch.setattr(rounds, "_initial_model", lambda config, output, state: tiny_bert_path)
-    monkeypatch.setattr(rounds, "_teacher", lambda config: None)
-    from distributed_emb.infocse.annotate import AnnotationCounts, AnnotationResult
-
-    annotated = AnnotationResult(AnnotationCounts(), 0.0, str(tmp_path / "pairs"))
-    monkeypatch.setattr(rounds, "annotate_documents", lambda *args, **kwargs: annotated)
-    monkeypatch.setattr(rounds, "_follow_training", lambda *args: follower)
-    monkeypatch.setattr(rounds, "_train", train)
-    monkeypatch.setattr(rounds, "evaluate_dev", evaluate)
-
+    rounds = _rounds_with_fake_steps(
+        monkeypatch, tmp_path, tiny_bert_path, train, evaluate, follower
+    )
     with pytest.raises(RuntimeError, match="worker lost" if failing == "training" else "dev set"):
         rounds.run_rounds(config)
     assert closed == [0]
+
+
+def test_with_a_storage_path_the_drivers_files_are_stored_as_each_round_finishes(
+    tmp_path, tiny_bert_path, shared_data_dir, monkeypatch
+):
+    """output.storage_path: what the driver's output directory holds of the rounds (its log
+    lines, rounds_log.jsonl, TensorBoard, the plot) is also beside the rounds' state, written
+    when a round finishes, not when the run does: round 1's training finds round 0's there.
+    A restarted run's lines join the earlier attempt's in one run.log; output.resume=overwrite
+    starts the stored logs afresh."""
+    import re
+
+    bucket = tmp_path / "bucket"
+    config = _config(
+        tmp_path, tiny_bert_path, shared_data_dir,
+        [f"output.storage_path={bucket}", "output.run_name=stored"],
+    )  # fmt: skip
+    root, output = bucket / "stored", tmp_path / "out"
+    seen = []
+
+    def train(training, callbacks):
+        seen.append(
+            {
+                "run.log": (root / "logs" / "run.log").read_text(),
+                "rows": read_train_log(root / "logs" / "rounds_log.jsonl"),
+                "plot": (root / "rounds.png").read_bytes()[:4],
+                "rounds": json.loads((root / "rounds.json").read_text())["rounds"],
+            }
+        )
+        raise RuntimeError("worker lost")
+
+    rounds = _rounds_with_fake_steps(
+        monkeypatch, tmp_path, tiny_bert_path, train, lambda *args: _START_SCORES
+    )
+    with pytest.raises(RuntimeError, match="worker lost"):
+        rounds.run_rounds(config)
+    (first,) = seen
+    assert re.search(r"InfoCSE +0 +initial ", first["run.log"])
+    assert [(row["kind"], row["step"]) for row in first["rows"]] == [("rounds", 0)]
+    assert first["plot"] == b"\x89PNG" and [r["round"] for r in first["rounds"]] == [0]
+    if (output / "tensorboard").is_dir():  # tensorboardX or tensorboard installed
+        stored = {path.name for path in (root / "logs" / "tensorboard").iterdir()}
+        assert stored == {path.name for path in (output / "tensorboard").iterdir()}
+
+    # The run again (output.resume=auto): it continues, and its lines join the first's.
+    with pytest.raises(RuntimeError, match="worker lost"):
+        rounds.run_rounds(config)
+    run_log = (root / "logs" / "run.log").read_text()
+    assert run_log.index("InfoCSE") < run_log.index("continuing the rounds in")
+    assert len(list((root / "logs" / "parts").iterdir())) == 2
+    config.training.output.resume = "overwrite"
+    with pytest.raises(RuntimeError, match="worker lost"):
+        rounds.run_rounds(config)
+    assert len(list((root / "logs" / "parts").iterdir())) == 1
+    assert "continuing the rounds" not in (root / "logs" / "run.log").read_text()
 
 
 def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
@@ -270,7 +339,7 @@ def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
 ):
     """rounds.select_by names the dev score that picks the export and counts rounds without
     gain; the held-out test half and STS-B test never choose."""
-    from distributed_emb.infocse.rounds import _standing
+    from distributed_emb.infocse.round_evaluation import standing
 
     def record(index, stsb_dev, heldout_dev_mrr, heldout_mrr):
         return RoundRecord(index, "initial" if index == 0 else "infocse", f"m{index}",
@@ -284,16 +353,16 @@ def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
     ]
     selected = ["rounds.select_by=heldout_dev_mrr", "heldout.fraction=0.2"]
     by_retrieval = _config(tmp_path, tiny_bert_path, shared_data_dir, selected)
-    best, without_gain = _standing(records, by_retrieval)
+    best, without_gain = standing(records, by_retrieval)
     assert (best.round, without_gain) == (1, 1)
     by_sts = _config(tmp_path, tiny_bert_path, shared_data_dir)
-    assert [(r.round, n) for r, n in [_standing(records, by_sts)]] == [(0, 2)]
+    assert [(r.round, n) for r, n in [standing(records, by_sts)]] == [(0, 2)]
     with pytest.raises(ConfigError, match=r"rounds\.select_by"):
         _config(tmp_path, tiny_bert_path, shared_data_dir,
                 ["rounds.select_by=heldout_dev_mrr", "heldout.fraction=0"])  # fmt: skip
     # rounds.select_by=eval: what eval.select_by names, STS-B dev by default...
     follows_eval = _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.select_by=eval"])
-    assert _standing(records, follows_eval)[0].round == 0
+    assert standing(records, follows_eval)[0].round == 0
     # ...or nDCG@10 on the user's BEIR dev split, which every round's record carries.
     from harness.tiny_run import tiny_beir_dir
 
@@ -303,7 +372,7 @@ def test_rounds_are_chosen_and_stopped_on_the_selected_dev_score(
     ])  # fmt: skip
     for record, ndcg in zip(records, (30.0, 29.0, 33.0), strict=True):
         record.eval_retrieval_ndcg_at_10 = ndcg
-    assert [(r.round, n) for r, n in [_standing(records, by_own_dev)]] == [(2, 0)]
+    assert [(r.round, n) for r, n in [standing(records, by_own_dev)]] == [(2, 0)]
     with pytest.raises(ConfigError, match="rounds.arrange_pairs was removed"):
         _config(tmp_path, tiny_bert_path, shared_data_dir, ["rounds.arrange_pairs=false"])
 
@@ -318,46 +387,46 @@ def test_rounds_say_when_they_hand_back_the_given_model_and_name_the_student_reg
 ):
     """exported_line: the one line when round 0, model.path itself, beat every round; else
     the round. regime_line: the student named as such (console, card). Both in rounds.json."""
-    from distributed_emb.infocse import rounds
+    from distributed_emb.infocse import round_export
 
     given = load_config(InfoCSEConfig, None, [f"model.path={tiny_bert_path}"])
     start_won = [_round(0, "initial", 80.0), _round(1, "infocse", 79.5),
                  _round(2, "infocse", 78.0)]  # fmt: skip
-    line = rounds.exported_line(start_won, given)
+    line = round_export.exported_line(start_won, given)
     assert line == (
         "exported: the given model unchanged — no round beat it on STS-B dev Spearman "
         "(best round 1: 79.50 vs 80.00)"
     )
     trained_won = [_round(0, "initial", 80.0), _round(1, "infocse", 81.0)]
-    assert rounds.exported_line(trained_won, given) == "round 1 (infocse)"
+    assert round_export.exported_line(trained_won, given) == "round 1 (infocse)"
 
     student = load_config(
         InfoCSEConfig, None, [f"model.path={tiny_bert_path}", "student.num_layers=1"]
     )
     # Round 0 of a student is the cut model: not the given one, whatever won.
-    assert rounds.exported_line(start_won, student) == "round 0 (initial)"
-    assert rounds.regime_line(student) == (
+    assert round_export.exported_line(start_won, student) == "round 0 (initial)"
+    assert round_export.regime_line(student) == (
         f"regime: student — the first 1 of 2 layers of {tiny_bert_path}; the export is the "
         "student, not the given model"
     )
     card_name = Path(tiny_bert_path).name  # no path of this machine on the card
-    assert rounds.regime_line(student, for_card=True).startswith(
+    assert round_export.regime_line(student, for_card=True).startswith(
         f"regime: student — the first 1 of 2 layers of {card_name};"
     )
     packaged = load_config(InfoCSEConfig, None, ["student.num_layers=3"])
-    assert rounds.regime_line(packaged).startswith(
+    assert round_export.regime_line(packaged).startswith(
         "regime: student — the first 3 of 6 layers of sentence-transformers/all-MiniLM-L6-v2;"
     )
 
     state = RoundState(str(tmp_path), remote=False)
-    rounds._save(trained_won, trained_won[1], tmp_path, state, student, "round 1 (infocse)")
+    save_rounds(trained_won, trained_won[1], tmp_path, state, student, "round 1 (infocse)")
     saved = json.loads((tmp_path / "rounds.json").read_text())
     assert (saved["regime"], saved["student_layers"], saved["exported"]) == (
         "student",
         1,
         "round 1 (infocse)",
     )
-    rounds._save(start_won, start_won[0], tmp_path, state, given, line)
+    save_rounds(start_won, start_won[0], tmp_path, state, given, line)
     saved = json.loads((tmp_path / "rounds.json").read_text())
     assert (saved["regime"], saved["exported"]) == ("given model", line)
     assert "student_layers" not in saved
@@ -366,7 +435,7 @@ def test_rounds_say_when_they_hand_back_the_given_model_and_name_the_student_reg
 def test_the_exports_card_names_the_student_regime_or_the_given_model_handed_back(
     tmp_path, tiny_bert_path
 ):
-    from distributed_emb.infocse import rounds
+    from distributed_emb.infocse import round_export
     from distributed_emb.model.model_card import SECTION_TITLE, card_bullet
 
     def model_dir(name, card):
@@ -384,16 +453,16 @@ def test_the_exports_card_names_the_student_regime_or_the_given_model_handed_bac
     student = load_config(
         InfoCSEConfig, None, [f"model.path={tiny_bert_path}", "student.num_layers=1"]
     )
-    rounds._export_best(best, output, student, state, "round 1 (infocse)")
+    round_export.export_best(best, output, student, state, "round 1 (infocse)")
     card = (output / "model" / "README.md").read_text()
-    assert card_bullet(rounds.regime_line(student, for_card=True)) in card
+    assert card_bullet(round_export.regime_line(student, for_card=True)) in card
     assert "- **Method:** InfoCSE-style" in card and "given model unchanged" not in card
     assert (tmp_path / "round_1" / "README.md").read_text() == round_card  # the copy only
 
     given = load_config(InfoCSEConfig, None, [f"model.path={tiny_bert_path}"])
     start = _round(0, "initial", 80.0, model_dir("given", "# the given model's own card\n"))
-    line = rounds.exported_line([start, _round(1, "infocse", 79.0)], given)
-    rounds._export_best(start, output, given, state, line)
+    line = round_export.exported_line([start, _round(1, "infocse", 79.0)], given)
+    round_export.export_best(start, output, given, state, line)
     card = (output / "model" / "README.md").read_text()
     assert card.startswith("# the given model's own card\n")
     assert card_bullet(line) in card and "Regime" not in card
