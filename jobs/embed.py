@@ -1,7 +1,8 @@
 """Embed a corpus into Parquet shards with a Ray Data pool of encoding actors; resumable.
 
     python jobs/embed.py --output OUT [data.path=CORPUS] [model.path=MODEL] \
-        [embed.precision=float32|int8|ubinary] [embed.concurrency=N] [--index] \
+        [embed.backend=torch|onnx|onnx_int8] [embed.precision=float32|int8|ubinary] \
+        [embed.concurrency=N] [embed.torch_threads=T] [--index] \
         [--document-prompt TEXT] [--query-prompt TEXT] [key=value ...]
 
 CORPUS is anything the training job reads (a file, directory, glob, s3:// or gs:// URI, saved
@@ -16,6 +17,13 @@ jobs/search.py and jobs/mine_negatives.py, and prints its recall@10 against exac
 Corpus rows are documents: each is embedded as SentenceTransformer.encode_document embeds it,
 with the model's document prompt, or --document-prompt TEXT ("" for none; prompts.document);
 --query-prompt (prompts.query) is recorded in the manifest for jobs/search.py's queries.
+The actors are laid out from the cluster, and the layout printed in one line: on one CPU node
+one actor with every core as its threads, one per node on several, one per GPU
+(vectors/embed_layout.py); embed.concurrency and embed.torch_threads override it.
+embed.backend=onnx_int8 (or onnx, fp32) embeds through the model's exported ONNX graph with
+onnxruntime (read from MODEL/onnx/, else exported once into embed.graph_cache, default
+OUT/graphs/), refused when its agreement with the torch model fails the export's check; the
+manifest records the backend and that agreement, and jobs/search.py embeds queries the same way.
 Locally it starts Ray; on a cluster: ray job submit -- python jobs/embed.py ...
 Every setting and its default: --help; the layout: distributed_emb/vectors/shard_layout.py.
 """
@@ -33,8 +41,11 @@ from distributed_emb.vectors.shard_layout import MANIFEST
 
 def run(config: EmbedJobConfig) -> int:
     from distributed_emb.vectors.corpus_embedding import embed_corpus  # startup: torch
+    from distributed_emb.vectors.embed_layout import cluster_layout
 
-    result = embed_corpus(config)
+    layout = cluster_layout(config.embed)
+    print(layout.line, flush=True)
+    result = embed_corpus(config, layout)
     rate = result.rows_embedded / max(result.seconds, 1e-9)
     print(
         f"embedded {result.rows_embedded} rows in {result.seconds:.0f} s ({rate:.0f} rows/s): "

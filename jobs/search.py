@@ -1,8 +1,8 @@
 """Search an embedding output: the k nearest corpus rows of each query, across every shard.
 
     python jobs/search.py OUT [--query "text"] [--queries FILE] [-k 10] [--model DIR] \
-        [--query-prompt TEXT] [--exact] [--ef-search N] [--recall [--recall-sample N]] \
-        [--output FILE] [key=value ...]
+        [--query-prompt TEXT] [--backend torch|onnx|onnx_int8] [--exact] [--ef-search N] \
+        [--recall [--recall-sample N]] [--output FILE] [key=value ...]
 
 OUT is what the embed job wrote (manifest.json, shards/, and index/ from its --index). The
 queries (--query, once; --queries FILE: a .txt file, one a line, or a .jsonl file of objects
@@ -14,7 +14,9 @@ written to --output. --recall also measures the index's recall@k against exact s
 recall_sample corpus rows as queries (each one's own row left out). Scores are cosine
 similarities. Queries are embedded as queries (sentence-transformers' encode_query): with
 --query-prompt (prompts.query; "" for none), else the embed job's prompts.query (the
-manifest's), else the model's own query prompt. Every setting: --help.
+manifest's), else the model's own query prompt. Queries go through what embedded the corpus
+(the manifest's backend: the torch model, or the ONNX graph embed.backend=onnx|onnx_int8 used,
+which needs no torch model); --backend another is refused. Every setting: --help.
 """
 
 from __future__ import annotations
@@ -63,27 +65,59 @@ def all_queries(config: SearchConfig) -> list[tuple[str | None, str]]:
 
 
 def check(config: SearchConfig) -> None:
-    """Before any model loads: the manifest, the index (unless --exact), the queries, and the
-    model directory."""
+    """Before any model loads: the manifest, the index (unless --exact), the queries, the
+    backend (the manifest's), and the model directory or the corpus's graph."""
     manifest = read_manifest(config.embeddings)
     if not config.exact:
         read_index_info(manifest)
     all_queries(config)
-    require_model_dir(
-        config.model or manifest.model, "model" if config.model else "manifest's model"
-    )
+    require_manifest_backend(config, manifest)
+    if manifest.backend == "torch":
+        require_model_dir(
+            config.model or manifest.model, "model" if config.model else "manifest's model"
+        )
+
+
+def require_manifest_backend(config: SearchConfig, manifest: Manifest) -> None:
+    """Queries are embedded by what embedded the corpus (the manifest's backend, through its
+    graph for an ONNX backend): another backend, or another model for a graph, is refused."""
+    if config.backend is not None and config.backend != manifest.backend:
+        raise UserInputError(
+            f"backend: {manifest.path} says the corpus was embedded with "
+            f"embed.backend={manifest.backend}; its queries must be embedded the same way "
+            f"(vectors of two backends differ slightly, and scores would mix them): use "
+            f"--backend {manifest.backend}, or leave it out"
+        )
+    if manifest.backend != "torch" and config.model is not None:
+        raise UserInputError(
+            f"model: {manifest.path} was embedded with embed.backend={manifest.backend} "
+            f"through the graph at {manifest.graph}; queries go through the same graph, so "
+            "--model does not apply"
+        )
 
 
 def query_vectors(config: SearchConfig, manifest: Manifest, texts: list[str]):
-    """(q, d) vectors of the query `texts`, embedded as queries with the model that embedded
-    the corpus (or --model), pooled and cut as the manifest says; the query prompt is
-    prompts.query, else the embed job's setting, else the model's own."""
+    """(q, d) vectors of the query `texts`, embedded as queries by what embedded the corpus:
+    the model (or --model), pooled and cut as the manifest says, or the manifest's ONNX graph;
+    the query prompt is prompts.query, else the embed job's setting, else the model's own."""
     from distributed_emb.model.embedder import Embedder  # startup: torch
     from distributed_emb.storage import local_model_dir
 
     query_prompt = config.prompts.query
     if query_prompt is None:
         query_prompt = manifest.query_prompt
+    if manifest.backend != "torch":  # the corpus's graph, as the embed job's actors ran it
+        from distributed_emb.model.onnx_config import BACKEND_VARIANTS
+        from distributed_emb.vectors.embed_backend import GraphEmbedder, graph_location
+
+        graph = GraphEmbedder(
+            graph_location(manifest.location, manifest.graph),
+            BACKEND_VARIANTS[manifest.backend],
+            batch_size=config.batch_size,
+            max_seq_length=manifest.max_seq_length,
+            query_prompt=query_prompt,
+        )
+        return graph.embed(texts, role="query")
     embedder = Embedder(
         local_model_dir(config.model or manifest.model),
         pooler=manifest.pooler,  # as the corpus was embedded (where the manifest says)
@@ -153,6 +187,11 @@ JOB = Job(
         Flag("--queries", "a .txt or .jsonl file of queries", key="queries_file"),
         Flag("-k", "results per query", key="k", type=int),
         Flag("--model", "the model that embeds the queries (default: the manifest's)", key="model"),
+        Flag(
+            "--backend",
+            "torch, onnx or onnx_int8: must be the manifest's (the default)",
+            key="backend",
+        ),
         # Taken as given: "" (no prompt) too, which a key=value override reads as null.
         Flag("--query-prompt", "text put before each query ('' for none)", key="prompts.query"),
         Flag("--exact", "scan every shard's vectors instead of the index", key="exact", const=True),

@@ -15,6 +15,13 @@ from distributed_emb.settings import section
 Variant = Literal["fp32", "int8"]
 VARIANTS: tuple[str, ...] = ("fp32", "int8")
 
+# What embeds a job's texts (`embed.backend`, search's `backend`): the torch model, or one of its
+# exported graphs through onnxruntime; each graph backend's variant. The serving check names its
+# results "onnx_<variant>" (model/serving_check.py).
+Backend = Literal["torch", "onnx", "onnx_int8"]
+BACKENDS: tuple[str, ...] = ("torch", "onnx", "onnx_int8")
+BACKEND_VARIANTS = {"onnx": "fp32", "onnx_int8": "int8"}
+
 # 17 is the first opset with LayerNormalization, which keeps a BERT layer norm one node; every
 # onnxruntime release of the last years runs it.
 DEFAULT_OPSET = 17
@@ -72,6 +79,12 @@ class OnnxExportConfig:
             description="the int8 graph fails the check below this mean cosine with torch",
         ),
     ] = 0.97
+
+
+def minimum_mean_cosine(variant: str) -> float:
+    """The least mean cosine with the torch model a `variant` graph must reach on the serving
+    check (the export job's default onnx.min_mean_cosine_<variant>)."""
+    return getattr(OnnxExportConfig(), f"min_mean_cosine_{variant}")
 
 
 @section

@@ -4,7 +4,9 @@
 graph of one variant, the tokenizer the SentenceTransformer uses and its max_seq_length. Its
 ``embed`` is :class:`~distributed_emb.model.embedder.Embedder`'s: a list of sentences in,
 (n, d) float32 out in the same order, tokenised as ``SentenceTransformer.encode`` tokenises
-(padding to the batch's longest, truncation at max_seq_length).
+(padding to the batch's longest, truncation at max_seq_length). A call's texts are tokenised
+once and cut into batches longest first by token count, so each batch pads little (the embed
+job gives it a whole corpus block at a time).
 
 Prompts are text, not in the graph: ``embed(sentences, role)`` puts before each sentence what
 ``SentenceTransformer.encode_query`` ("query"), ``encode_document`` ("document") or ``encode``
@@ -31,7 +33,9 @@ class OnnxEmbedder:
     `threads`: onnxruntime's intra-op threads (None: its default, every physical core).
     `providers`: onnxruntime execution providers, in order of preference.
     `query_prompt`, `document_prompt`: the text put before a query or a document instead of
-    the model's own ("": none; None: the model's).
+    the model's own ("": none; None: the model's). `max_seq_length`: tokens kept per text
+    instead of the export's (the graph's sequence axis is dynamic), as ``embed.max_seq_length``
+    cuts a corpus's rows; None: the export's.
     """
 
     def __init__(
@@ -43,6 +47,7 @@ class OnnxEmbedder:
         providers: Sequence[str] = ("CPUExecutionProvider",),
         query_prompt: str | None = None,
         document_prompt: str | None = None,
+        max_seq_length: int | None = None,
     ) -> None:
         import onnxruntime  # startup
         from transformers import AutoTokenizer  # startup
@@ -59,8 +64,9 @@ class OnnxEmbedder:
         self.path = onnx_dir / info["variants"][variant]["file"]
         self.variant = variant
         self.batch_size = batch_size
-        self.max_seq_length: int | None = info["max_seq_length"]
+        self.max_seq_length: int | None = max_seq_length or info["max_seq_length"]
         self.dimension = int(info["dimension"])
+        self.modules: list[str] = list(info["modules"])  # ["Transformer", "Pooling(mean)", ...]
         options = onnxruntime.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
@@ -87,24 +93,41 @@ class OnnxEmbedder:
         if role is not None and role not in ROLES:
             raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
         prompt = self.prompt(role)
-        sentences = [str(s) for s in sentences]
-        # Longest first, as SentenceTransformer.encode does: each batch pads little.
-        order = np.argsort([-len(s) for s in sentences], kind="stable")
+        texts = [prompt + str(s) for s in sentences]
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        # Tokenised once, then longest first by token count: each batch pads only to its own
+        # longest row (SentenceTransformer.encode sorts by characters, which comes close).
+        encoded = self.tokenizer(texts, truncation="longest_first", max_length=self.max_seq_length)
+        lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+        order = np.argsort(-lengths, kind="stable")
         chunks = []
-        for start in range(0, len(sentences), self.batch_size):
-            texts = [prompt + sentences[i] for i in order[start : start + self.batch_size]]
-            encoded = self.tokenizer(
-                texts,
-                padding=True,
-                truncation="longest_first",
-                max_length=self.max_seq_length,
-                return_tensors="np",
-            )
-            feed = {name: encoded[name].astype(np.int64) for name in self.input_names}
+        for start in range(0, len(texts), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            width = int(lengths[rows].max())
+            feed = {
+                name: self._padded(name, encoded[name], rows, width) for name in self.input_names
+            }
             (embeddings,) = self.session.run(None, feed)  # (B, d)
             chunks.append(embeddings)
-        if not chunks:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        result = np.empty((len(sentences), self.dimension), dtype=np.float32)
+        result = np.empty((len(texts), self.dimension), dtype=np.float32)
         result[order] = np.concatenate(chunks)
         return result
+
+    def _padded(self, name: str, values: list[list[int]], rows: np.ndarray, width: int):
+        """(B, width) int64 of one tokenizer output for `rows`, padded as the tokenizer pads
+        (its pad token, a 0 mask and type; on its padding side)."""
+        pad = 0
+        if name == "input_ids":
+            pad = self.tokenizer.pad_token_id or 0
+        elif name == "token_type_ids":
+            pad = self.tokenizer.pad_token_type_id
+        batch = np.full((len(rows), width), pad, dtype=np.int64)
+        left = self.tokenizer.padding_side == "left"
+        for i, row in enumerate(rows):
+            sequence = values[row]
+            if left:
+                batch[i, width - len(sequence) :] = sequence
+            else:
+                batch[i, : len(sequence)] = sequence
+        return batch

@@ -4,9 +4,11 @@
         │            data/corpus.py KeepCleanRows) ──► one row per corpus block:
         │            {block (its first line's id), rows, ids[], texts[], embed}
         ▼
-    encoding actors (model/embedder.py encoding_pool, `embed.concurrency` of them; each loads
-        │            the model once): ShardEmbedder embeds a block's texts, quantises them and
-        │            writes the block as OUT/shards/part-<block>.parquet, whole or not at all
+    encoding actors (model/embedder.py encoding_pool, laid out by vectors/embed_layout.py; each
+        │            loads the model, or its ONNX graph with embed.backend=onnx|onnx_int8, once):
+        │            ShardEmbedder (GraphShardEmbedder) embeds a block's texts, sorted by length
+        │            for the batches and written back in row order, quantises them and writes
+        │            the block as OUT/shards/part-<block>.parquet, whole or not at all
         ▼
     the driver: one small summary row per block (rows, written or skipped) ──► manifest.json
 
@@ -31,7 +33,14 @@ renamed). A rerun into the same OUT reads and cleans the corpus again (exact dro
 each finished shard's row count is checked against its block) but embeds only the blocks
 without a shard. OUT/embedding_settings.json, written before the first shard, holds everything
 that decides a shard's content (model and its files, pooling, document prompt, length, precision,
-block size, corpus files and reading rules); a run whose settings differ is refused, naming the key.
+backend, block size, corpus files and reading rules); a run whose settings differ is refused,
+naming the key.
+
+Layout and backend: the actors' count, threads and reservations are what embed.* sets, the
+rest decided from the cluster (vectors/embed_layout.py: on one CPU node one actor with every
+core); with an ONNX backend the driver first finds or exports the graph and refuses one whose
+agreement with torch fails the export's check (vectors/embed_backend.py). The manifest records
+the backend and that agreement.
 
 The driver holds block ids and counters, never rows or vectors: the int8 calibration's
 per-dimension min and max are folded batch by batch, and `data.max_rows` is turned into "the
@@ -44,6 +53,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -57,12 +67,20 @@ from distributed_emb.data.corpus import (
     start_drop_counter,
     text_rules,
 )
+from distributed_emb.data.corpus_dataset import training_dataset
 from distributed_emb.data.readers import ROW_ID, DropReport, TextRows, read_file_blocks, row_id
 from distributed_emb.data.sources import CorpusFiles, resolve_sources
-from distributed_emb.data.stream import training_dataset
 from distributed_emb.model.embedder import EMBEDDING_COLUMN, Embedder, encoding_pool
-from distributed_emb.storage import join
+from distributed_emb.storage import is_remote, join
+from distributed_emb.vectors.embed_backend import (
+    GRAPHS,
+    Graph,
+    GraphEmbedder,
+    graph_reference,
+    prepare_graph,
+)
 from distributed_emb.vectors.embed_config import EmbedJobConfig
+from distributed_emb.vectors.embed_layout import EmbedLayout, cluster_layout
 from distributed_emb.vectors.embedding_settings import embedding_settings, require_same_settings
 from distributed_emb.vectors.shard_layout import CALIBRATION, EMBEDDING, FORMAT, ID, MANIFEST, TEXT
 from distributed_emb.vectors.shard_writer import (
@@ -114,6 +132,7 @@ class EmbedResult:
     report: DropReport  # what reading kept and dropped, by reason
     manifest: dict = field(default_factory=dict)
     seconds: float = 0.0
+    layout: EmbedLayout | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,21 +238,18 @@ def rows_cut(files: CorpusFiles, rules: TextRows, block_rows: int, max_rows: int
 # ---------------------------------------------------------------------------------------------
 
 
-class ShardEmbedder(Embedder):
-    """An :class:`~distributed_emb.model.embedder.Embedder` (the model loaded once per actor)
-    that takes block rows and writes each block's shard; returns one summary row per block:
-    {block, rows, written, dim, normalized, prompt}. The rows are embedded as `embed_as`
-    (documents, or queries: embed.rows_as), which the pool sets."""
+class BlockWriter:
+    """What an encoding actor does with block rows, over any embedder (its `embed`, `prompt`,
+    `dimension`, `normalizes` and `embed_as`): embeds each block's texts, writes its shard and
+    returns one summary row per block: {block, rows, written, dim, normalized, prompt}. The
+    rows are embedded as `embed_as` (documents, or queries: embed.rows_as), which the pool
+    sets. A block's texts go to `embed` whole: the torch model (SentenceTransformer.encode) and
+    the graph (OnnxEmbedder.embed) both sort them by length before cutting batches, so each
+    batch pads little, and return the vectors in row order."""
 
-    def __init__(
-        self,
-        out: str,
-        precision: str,
-        ranges: np.ndarray | None,
-        write_text: bool,
-        **embedder,
+    def _setup_writing(
+        self, out: str, precision: str, ranges: np.ndarray | None, write_text: bool
     ) -> None:
-        super().__init__(**embedder)
         self.out = out
         self.precision = precision
         self.ranges = None if ranges is None else np.asarray(ranges, dtype=np.float32)
@@ -281,22 +297,69 @@ class ShardEmbedder(Embedder):
         return quantize_embeddings(vectors, precision=self.precision, ranges=self.ranges)
 
 
+class ShardEmbedder(BlockWriter, Embedder):
+    """The torch model (an :class:`~distributed_emb.model.embedder.Embedder`, loaded once per
+    actor) writing block rows as shards (:class:`BlockWriter`)."""
+
+    def __init__(
+        self,
+        out: str,
+        precision: str,
+        ranges: np.ndarray | None,
+        write_text: bool,
+        **embedder,
+    ) -> None:
+        Embedder.__init__(self, **embedder)
+        self._setup_writing(out, precision, ranges, write_text)
+
+
+class GraphShardEmbedder(BlockWriter, GraphEmbedder):
+    """The exported graph (vectors/embed_backend.py :class:`GraphEmbedder`, onnxruntime, no
+    torch model) writing block rows as shards (:class:`BlockWriter`)."""
+
+    def __init__(
+        self,
+        out: str,
+        precision: str,
+        ranges: np.ndarray | None,
+        write_text: bool,
+        **embedder,
+    ) -> None:
+        GraphEmbedder.__init__(self, **embedder)
+        self._setup_writing(out, precision, ranges, write_text)
+
+
 # ---------------------------------------------------------------------------------------------
 # The pass
 # ---------------------------------------------------------------------------------------------
 
 
-def _pool_options(config: EmbedJobConfig, location: str, pooler: str | None) -> dict:
+def _pool_options(
+    config: EmbedJobConfig, location: str, pooler: str | None, layout: EmbedLayout | None = None
+) -> dict:
+    """encoding_pool's keywords but the embedder class: the model at `location` (or the
+    graph's folder), how it embeds, and `layout`'s actors, threads and reservations (None:
+    the embed.* settings as given)."""
     embed = config.embed
+    shape = {
+        "concurrency": embed.concurrency,
+        "num_cpus_per_actor": embed.num_cpus_per_actor,
+        "num_gpus_per_actor": embed.num_gpus_per_actor,
+        "torch_threads": embed.torch_threads,
+    }
+    if layout is not None:
+        shape = {
+            "concurrency": layout.concurrency,
+            "num_cpus_per_actor": layout.num_cpus_per_actor,
+            "num_gpus_per_actor": layout.num_gpus_per_actor,
+            "torch_threads": layout.threads,
+        }
     return {
         "model_path": location,
         "pooler": pooler,
         "batch_size": embed.batch_size,
         "max_seq_length": embed.max_seq_length,
-        "concurrency": embed.concurrency,
-        "num_cpus_per_actor": embed.num_cpus_per_actor,
-        "num_gpus_per_actor": embed.num_gpus_per_actor,
-        "torch_threads": embed.torch_threads,
+        **shape,
         "normalize": embed.normalize,
         "trust_remote_code": config.model.trust_remote_code,
         "max_restarts": embed.max_restarts,
@@ -307,7 +370,20 @@ def _pool_options(config: EmbedJobConfig, location: str, pooler: str | None) -> 
     }
 
 
-def calibration_ranges(config: EmbedJobConfig, pool: dict) -> np.ndarray:
+def _graph_options(graph: Graph | None) -> dict:
+    """GraphEmbedder's keywords beyond Embedder's (the variant); none for torch."""
+    return {} if graph is None else {"variant": graph.variant}
+
+
+def graph_cache(config: EmbedJobConfig) -> str:
+    """embed.graph_cache, or OUT/graphs; a local path made absolute (actors read it)."""
+    location = config.embed.graph_cache or join(config.embed.output_dir, GRAPHS)
+    return location if is_remote(location) else str(Path(location).resolve())
+
+
+def calibration_ranges(
+    config: EmbedJobConfig, pool: dict, graph: Graph | None = None
+) -> np.ndarray:
     """int8's (2, d) per-dimension [min, max]: OUT/calibration.npy when an earlier run saved
     it (every shard must be quantised alike), else the min and max over the embeddings of the
     corpus's first `embed.calibration_rows` clean rows, folded batch by batch, then saved."""
@@ -318,7 +394,13 @@ def calibration_ranges(config: EmbedJobConfig, pool: dict) -> np.ndarray:
         return saved
     sample = training_dataset(config.data, None).limit(config.embed.calibration_rows)
     text = config.data.text_column
-    embedded = encoding_pool(sample.select_columns([text]), text_column=text, **pool)
+    embedded = encoding_pool(
+        sample.select_columns([text]),
+        text_column=text,
+        embedder_class=Embedder if graph is None else GraphEmbedder,
+        embedder_kwargs=_graph_options(graph),
+        **pool,
+    )
     low = high = None
     hint = "fix: embed.concurrency, embed.num_cpus_per_actor or the cluster's nodes"
     with no_silent_stall(config.embed.stall_timeout_s, hint=hint):
@@ -336,10 +418,10 @@ def calibration_ranges(config: EmbedJobConfig, pool: dict) -> np.ndarray:
     return ranges
 
 
-def embed_corpus(config: EmbedJobConfig) -> EmbedResult:
+def embed_corpus(config: EmbedJobConfig, layout: EmbedLayout | None = None) -> EmbedResult:
     """Embed the corpus of `config.data` into `config.embed.output_dir` (see the module doc);
-    Ray must be up. Returns what was embedded, skipped and dropped; the manifest is written
-    last."""
+    Ray must be up. `layout`: the pool's shape (None: decided here from the cluster and
+    logged). Returns what was embedded, skipped and dropped; the manifest is written last."""
     started = time.perf_counter()
     embed, data = config.embed, config.data
     out = embed.output_dir
@@ -349,9 +431,24 @@ def embed_corpus(config: EmbedJobConfig) -> EmbedResult:
     require_same_settings(out, settings)
     if read_json(join(out, SETTINGS)) is None:
         write_json(join(out, SETTINGS), settings)
-    pool = _pool_options(config, settings["model"], settings["pooler"])
+    if layout is None:
+        layout = cluster_layout(embed)
+        log.info("%s", layout.line)
+    graph = None
+    if embed.backend != "torch":
+        graph = prepare_graph(
+            embed.backend,
+            settings["model"],
+            settings["model_files"],
+            settings["pooler"],
+            graph_cache(config),
+            embed.max_seq_length,
+            config.model.trust_remote_code,
+        )
+    location = settings["model"] if graph is None else graph.location
+    pool = _pool_options(config, location, settings["pooler"], layout)
     rules = text_rules(data)
-    ranges = calibration_ranges(config, pool) if embed.precision == "int8" else None
+    ranges = calibration_ranges(config, pool, graph) if embed.precision == "int8" else None
     cut = None
     if data.max_rows is not None:
         cut = rows_cut(files, rules, embed.block_rows, data.max_rows)
@@ -374,12 +471,13 @@ def embed_corpus(config: EmbedJobConfig) -> EmbedResult:
             **pool,
             rows_per_call=1,
             batch_format="pyarrow",
-            embedder_class=ShardEmbedder,
+            embedder_class=ShardEmbedder if graph is None else GraphShardEmbedder,
             embedder_kwargs={
                 "out": out,
                 "precision": embed.precision,
                 "ranges": ranges,
                 "write_text": embed.write_text,
+                **_graph_options(graph),
             },
         )
         hint = "fix: embed.concurrency, embed.num_cpus_per_actor or the cluster's nodes"
@@ -393,7 +491,7 @@ def embed_corpus(config: EmbedJobConfig) -> EmbedResult:
     finally:
         ray.kill(counter)
     remove_unfinished_writes(out)
-    manifest = _manifest(config, settings, specs, summaries, report, cut)
+    manifest = _manifest(config, settings, specs, summaries, report, cut, graph)
     write_json(join(out, MANIFEST), manifest)
     written = [s for s in summaries.values() if s[WRITTEN]]
     return EmbedResult(
@@ -405,6 +503,7 @@ def embed_corpus(config: EmbedJobConfig) -> EmbedResult:
         report=report,
         manifest=manifest,
         seconds=time.perf_counter() - started,
+        layout=layout,
     )
 
 
@@ -415,6 +514,7 @@ def _manifest(
     summaries: dict[int, dict],
     report: DropReport,
     cut: Cut | None,
+    graph: Graph | None = None,
 ) -> dict:
     """manifest.json, after checking that every clean row is in exactly one shard: the shards'
     rows add up to the rows reading kept (or to data.max_rows)."""
@@ -450,6 +550,11 @@ def _manifest(
         "row_prompt": shards[0][PROMPT],  # the text put before each row ("" for none)
         "text": config.embed.write_text,
         "calibration": CALIBRATION if config.embed.precision == "int8" else None,
+        # What embedded the rows (search embeds its queries the same way), and for a graph
+        # its agreement with the torch model (the export's check, vectors/embed_backend.py).
+        "backend": config.embed.backend,
+        "graph": None if graph is None else graph_reference(config.embed.output_dir, graph),
+        "agreement": None if graph is None else graph.agreement,
     }
 
 

@@ -12,6 +12,7 @@ from pydantic import Field
 from distributed_emb.checks import ConfigError
 from distributed_emb.data.data_config import DataConfig
 from distributed_emb.model.model_config import ModelConfig, PromptSettings
+from distributed_emb.model.onnx_config import Backend
 from distributed_emb.ray_config import RayConfig, validate_ray_config
 from distributed_emb.settings import section
 from distributed_emb.vectors.index_config import IndexConfig
@@ -39,13 +40,22 @@ class EmbedConfig:
     batch_size: Annotated[
         int, Field(ge=1, description="sentences per forward pass of an encoding actor")
     ] = 128
-    concurrency: Annotated[int, Field(ge=1, description="encoding actors (Ray Data pool)")] = 1
+    # vectors/embed_layout.py decides what is left null from the cluster: one actor using every
+    # core on one CPU node, one per node on several, one per GPU.
+    concurrency: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="encoding actors (Ray Data pool); null: the layout the cluster gives "
+            "(one actor on a single CPU node, one per node on several, one per GPU)",
+        ),
+    ] = None
     num_cpus_per_actor: Annotated[
         float | None,
         Field(
             gt=0,
-            description="CPUs each encoding actor reserves; null: a share that leaves one CPU "
-            "for the read tasks (at most 1)",
+            description="CPUs each encoding actor reserves; null: the layout's (its node's "
+            "CPUs less one whole CPU left for the read tasks, shared by the actors there)",
         ),
     ] = None
     num_gpus_per_actor: Annotated[
@@ -53,12 +63,35 @@ class EmbedConfig:
         Field(
             ge=0,
             description="GPUs each encoding actor reserves; null: 1 when the cluster has a GPU "
-            "for every actor, else 0",
+            "for every actor (embed.backend=torch), else 0",
         ),
     ] = None
     torch_threads: Annotated[
         int | None,
-        Field(ge=1, description="torch threads per actor; null: what Ray's CPU share gives"),
+        Field(
+            ge=1,
+            description="threads per actor (torch's, or onnxruntime's intra-op threads with "
+            "an ONNX backend); null: the layout's (every core of the node, shared by the "
+            "actors placed there)",
+        ),
+    ] = None
+    backend: Annotated[
+        Backend,
+        Field(
+            description="what embeds the rows: the torch model, or its exported ONNX graph "
+            "through onnxruntime with no torch model in the actors: onnx (fp32) or onnx_int8 "
+            "(int8 weights); the graph is read from the model's onnx/ folder or exported once "
+            "into embed.graph_cache, and refused when its agreement with torch fails the "
+            "export's check",
+        ),
+    ] = "torch"
+    graph_cache: Annotated[
+        str | None,
+        Field(
+            description="where graphs exported for an ONNX backend are kept, one folder per "
+            "model (a digest of its files and pooler), reused by later runs; null: "
+            "OUT/graphs/ (local path, s3:// or gs://: every actor reads it)",
+        ),
     ] = None
     # model.max_seq_length is the training length (a speed choice), not the length to embed at.
     max_seq_length: Annotated[
@@ -171,4 +204,15 @@ class EmbedJobConfig:
                 "model.compression_head: the embed job embeds a saved model as it is; embed the "
                 "model jobs/train_mcr2.py exported with its head (models/mcr2-<dim>)"
             )
+        if self.embed.backend != "torch" and not _onnx_installed():
+            raise ConfigError(
+                f"embed.backend: {self.embed.backend} needs onnx and onnxruntime: "
+                "pip install -e '.[onnx]' (or embed.backend=torch)"
+            )
         validate_ray_config(self.ray)
+
+
+def _onnx_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxruntime"))

@@ -3,10 +3,11 @@ only to shards made the same way.
 
 OUT/embedding_settings.json is written before the first shard: the model (its location and a
 digest of its files), how it pools and cuts sentences, the document prompt setting, the
-precision, the block size, the corpus's files (paths and sizes) and how they are read. A
-later run into the same OUT compares its own settings with it and refuses the first one that
-differs, naming its config key: a resumed run must produce exactly the shards an uninterrupted
-one would have. No torch here: the job checks this before Ray starts.
+precision, the backend (the torch model or an ONNX graph), the block size, the corpus's files
+(paths and sizes) and how they are read. A later run into the same OUT compares its own
+settings with it and refuses the first one that differs, naming its config key: a resumed run
+must produce exactly the shards an uninterrupted one would have. No torch here: the job checks
+this before Ray starts.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ SETTING_KEYS = {
     "max_seq_length": "embed.max_seq_length",
     "normalize": "embed.normalize",
     "precision": "embed.precision",
+    "backend": "embed.backend",
     "calibration_rows": "embed.calibration_rows",
     "block_rows": "embed.block_rows",
     "write_text": "embed.write_text",
@@ -91,6 +93,8 @@ def embedding_settings(config: EmbedJobConfig, files: CorpusFiles) -> dict:
         "max_seq_length": embed.max_seq_length,
         "normalize": embed.normalize,
         "precision": embed.precision,
+        # None for torch (as outputs from before the setting say), else onnx or onnx_int8.
+        "backend": None if embed.backend == "torch" else embed.backend,
         "calibration_rows": embed.calibration_rows if embed.precision == "int8" else None,
         "block_rows": embed.block_rows,
         "write_text": embed.write_text,
@@ -119,6 +123,8 @@ def require_same_settings(out: str, settings: dict) -> None:
         then, now = earlier.get(name), settings[name]
         if then == now:
             continue
+        if name == "backend":  # null is torch
+            then, now = then or "torch", now or "torch"
         if name == "model_files":
             raise OutputMismatchError(
                 f"{key}: the model at {settings['model']} has changed since {out} was embedded "

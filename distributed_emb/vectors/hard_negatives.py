@@ -425,15 +425,15 @@ def mine_and_write(
 
 
 def check_inputs(config: MiningConfig) -> tuple[Manifest, Manifest | None]:
-    """Before Ray starts: the manifests (`embeddings`, and `anchors` for pairs: the same model
-    and corpus), a text column, float vectors, the index (unless `exact`), and an output
+    """Before Ray starts: the manifests (`embeddings`, and `anchors` for pairs: the same model,
+    backend and corpus), a text column, float vectors, the index (unless `exact`), and an output
     directory without earlier negatives (run.log may be there: the job's own log). Returns
     (embeddings, anchors or None). Raises ShardLayoutError / ConfigError."""
     manifest = _checked_manifest(config.embeddings)
     anchors = None
     if config.anchors is not None:
         anchors = _checked_manifest(config.anchors)
-        for key in ("model", "dim", "corpus"):
+        for key in ("model", "dim", "corpus", "backend"):
             theirs, ours = getattr(anchors, key), getattr(manifest, key)
             if theirs != ours:
                 raise ConfigError(

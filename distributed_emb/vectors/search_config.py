@@ -9,6 +9,7 @@ from pydantic import Field
 
 from distributed_emb.checks import ConfigError
 from distributed_emb.model.model_config import PromptSettings
+from distributed_emb.model.onnx_config import Backend
 from distributed_emb.settings import Seed, section
 
 
@@ -34,6 +35,14 @@ class SearchConfig:
         Field(description="the model that embeds the queries; null: the manifest's model"),
     ] = None
     batch_size: Annotated[int, Field(ge=1, description="queries embedded per batch")] = 128
+    # The corpus's vectors and the queries' must come from one backend: the manifest's.
+    backend: Annotated[
+        Backend | None,
+        Field(
+            description="what embeds the queries: the manifest's backend (embed.backend: torch, "
+            "or the corpus's ONNX graph); null: the manifest's; another is refused"
+        ),
+    ] = None
     # Queries are embedded as queries: prompts.query, else the embed job's (the manifest's),
     # else the model's own. prompts.document is not used (the corpus is embedded already).
     prompts: PromptSettings = field(default_factory=PromptSettings)

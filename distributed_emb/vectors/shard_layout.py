@@ -7,7 +7,9 @@ The layout (written by the embed job, read by the index, search and mining):
                                              shards [{file, first_id, rows}], dropped, corpus;
                                              optionally pooler, max_seq_length, prompts
                                              {query, document} (the embed job's settings),
-                                             rows_as (document or query) and row_prompt)
+                                             rows_as (document or query), row_prompt, and
+                                             backend (torch, onnx, onnx_int8: absent is
+                                             torch) with the graph and its agreement)
     OUT/shards/part-<first_id:012d>.parquet  id (int64), embedding (fixed_size_list of
                                              float32, int8, or uint8 bits for ubinary), text
                                              and document (optional); rows sorted by id
@@ -35,6 +37,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from distributed_emb.errors import UserInputError
+from distributed_emb.model.onnx_config import BACKENDS
 from distributed_emb.storage import filesystem_of, join
 
 MANIFEST = "manifest.json"
@@ -84,6 +87,11 @@ class Manifest:
     query_prompt: str | None = None
     # How its rows were embedded: "document", "query" (embed.rows_as), None (not recorded).
     rows_as: str | None = None
+    # What embedded them (embed.backend; outputs from before the setting: torch), the graph's
+    # folder for an ONNX backend (relative: inside OUT) and its agreement with torch.
+    backend: str = "torch"
+    graph: str | None = None
+    agreement: dict | None = None
 
     @property
     def path(self) -> str:
@@ -176,6 +184,15 @@ def read_manifest(out: str) -> Manifest:
         optional["query_prompt"] = prompts.get("query")
     if tree.get("rows_as") is not None:
         optional["rows_as"] = value("rows_as", str)
+    if tree.get("backend") is not None:
+        backend = optional["backend"] = value("backend", str)
+        if backend not in BACKENDS:
+            raise ShardLayoutError(
+                f"{location}: backend: must be one of {', '.join(BACKENDS)}, got {backend!r}"
+            )
+        if backend != "torch":
+            optional["graph"] = value("graph", str)
+            optional["agreement"] = tree.get("agreement")
     return Manifest(
         location=str(out),
         model=value("model", str),

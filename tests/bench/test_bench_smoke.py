@@ -217,6 +217,49 @@ def test_encoding_bench_times_every_arm_and_checks_their_vectors(tiny_bert_path)
 
 
 @pytest.mark.slow
+@pytest.mark.ray
+def test_embed_bench_runs_every_arm_on_both_corpora_and_checks_their_vectors(tiny_bert_path):
+    """bench/embed.py --small with a tiny model: the job (its own layout, and the int8 graph),
+    sentence-transformers in one process and in a pool, on sentences and on documents; each
+    arm's vectors checked against one process's (the bench exits non-zero otherwise)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.embed",
+            "--small",
+            "--json",
+            "--model",
+            tiny_bert_path,
+            "--pooler",
+            "mean",
+        ],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout[-3000:]  # the JSON line alone on stdout
+    result = json.loads(lines[0])
+    arms = {"embed_job", "embed_job_onnx_int8", "st_one_process", "st_multi_process"}
+    assert result["baseline"] == "st_one_process"
+    assert set(result["corpora"]) == {"sentences", "documents"}
+    for name, corpus in result["corpora"].items():
+        assert corpus["rows"] > 0, name
+        assert set(corpus["seconds"]) == arms, name
+        assert all(rate > 0 for rate in corpus["rows_per_s"].values()), name
+        assert corpus["vs_st_one_process"]["st_one_process"] == 1.0
+        cosines = corpus["cosine_to_st_one_process"]
+        assert set(cosines) == arms and cosines["embed_job"]["min"] >= 0.9999, name
+        assert cosines["embed_job_onnx_int8"]["mean"] >= 0.97, name
+    tokens = result["corpora"]["documents"]["tokens"]
+    assert tokens["mean"] > 64 and tokens["at_the_limit"] > 0  # long rows, some cut
+
+
+@pytest.mark.slow
 def test_data_scaling_bench_reports_every_worker_count_and_resume_point(tmp_path):
     """bench/data_scaling.py --quick: one JSON line of the issue's shape; each row read once,
     by the rank that trains it, for every W; a resume deep in a shard of a few hundred bytes."""
@@ -240,7 +283,7 @@ def test_data_scaling_bench_reports_every_worker_count_and_resume_point(tmp_path
     assert len(lines) == 1, done.stdout[-3000:]  # the JSON line alone on stdout
     result = json.loads(lines[0])
     assert set(result) == {
-        "ranks", "coordinator_row_bytes", "feeder_row_bytes", "resume", "shuffle"
+        "ranks", "coordinator_row_bytes", "row_bytes", "resume", "shuffle"
     }  # fmt: skip
     assert set(result["ranks"]) == {"1", "2", "4"}
     for world, ranks in result["ranks"].items():

@@ -1,7 +1,9 @@
 """jobs/embed.py on the shipped sentences with a tiny random BERT: every kept row of the reader
 in exactly one shard, with the vectors the in-process Embedder gives, for 1 and 2 actors and
 after an actor is killed; a rerun embeds only the missing shards; int8 ranges are saved and
-reused; bad input is one line naming the key, before Ray starts."""
+reused; the layout line; embed.backend=onnx_int8 writes OnnxEmbedder's vectors of the exported
+graph, records its agreement, and search embeds its queries through it; a graph failing the
+check is refused; bad input is one line naming the key, before Ray starts."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from distributed_emb.paths import shipped_corpus
 
 ROWS = 240  # data.max_rows of most runs: 6 blocks of 40 lines (the first lines are all kept)
 BLOCK_ROWS = 40
+INT8_ROWS = 2 * BLOCK_ROWS  # the embed.backend=onnx_int8 run: 2 blocks
 
 
 def reader_rows(limit: int) -> tuple[np.ndarray, list[str]]:
@@ -110,6 +113,21 @@ def two_actor_binary_output(tiny_bert_path, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def int8_backend_output(tiny_bert_path, tmp_path_factory):
+    """One run through the int8 ONNX graph (embed.backend=onnx_int8), the layout the job
+    chooses, 2 blocks: (OUT, stdout). The graph is exported into OUT/graphs/ by this run."""
+    from harness import local_ray
+
+    local_ray.start_shared_ray()
+    out = tmp_path_factory.mktemp("embedded_int8") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        args = job_args(out, tiny_bert_path, "embed.backend=onnx_int8", rows=INT8_ROWS)
+        assert run("embed", args) == 0
+    return out, printed.getvalue()
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("actors", [1, 2])
 def test_every_kept_row_in_exactly_one_shard(
@@ -135,6 +153,136 @@ def test_vectors_are_the_in_process_embedder_s(one_actor_output, embedder, ray_l
     np.testing.assert_allclose(vectors, embedder.embed(texts), atol=1e-5)
     assert manifest["dtype"] == "float32" and manifest["normalized"] is False  # mean, no Normalize
     assert "6 shards written, 0 skipped" in printed and "kept 240" in printed
+    assert (manifest["backend"], manifest["graph"], manifest["agreement"]) == ("torch", None, None)
+    # The layout, in one line: embed.concurrency=1 as set, its threads the node's cores.
+    (line,) = [x for x in printed.splitlines() if x.startswith("layout: ")]
+    assert "1 actor × " in line and "torch thread" in line and "embed.concurrency" in line
+
+
+@pytest.mark.ray
+def test_int8_backend_writes_the_onnx_embedder_s_vectors(int8_backend_output, ray_local):
+    """Each shard holds what OnnxEmbedder gives for its block's texts on the exported int8
+    graph (a block embedded whole, its batches as the actor cuts them), rows in id order."""
+    from distributed_emb.model.onnx_embedder import OnnxEmbedder
+
+    out, printed = int8_backend_output
+    ids, _, _, manifest = read_output(out)
+    assert np.array_equal(ids, reader_rows(INT8_ROWS)[0])
+    graph = out / manifest["graph"]  # exported into OUT/graphs/ by the run
+    assert manifest["graph"].startswith("graphs/")
+    assert (graph / "onnx" / "model_qint8.onnx").is_file()
+    reference = OnnxEmbedder(graph, "int8", batch_size=16)
+    for entry in manifest["shards"]:
+        shard = pq.read_table(out / entry["file"])
+        stored = np.stack(shard.column("embedding").to_numpy(zero_copy_only=False))
+        expected = reference.embed(shard.column("text").to_pylist(), role="document")
+        np.testing.assert_allclose(stored, expected, atol=1e-5)
+    (line,) = [x for x in printed.splitlines() if x.startswith("layout: ")]
+    assert "onnxruntime thread" in line and "(onnx_int8;" in line
+
+
+@pytest.mark.ray
+def test_the_manifest_records_the_backend_and_its_agreement(int8_backend_output, ray_local):
+    out, _ = int8_backend_output
+    manifest = json.loads((out / "manifest.json").read_text())
+    export = json.loads((out / manifest["graph"] / "onnx" / "export.json").read_text())
+    checked = export["backends"]["onnx_int8"]  # the export's own check, on STS-B dev
+    agreement = manifest["agreement"]
+    assert manifest["backend"] == "onnx_int8" and agreement["variant"] == "int8"
+    assert agreement["cosine_to_torch_mean"] == pytest.approx(checked["cosine_to_torch_mean"])
+    assert agreement["cosine_to_torch_min"] == pytest.approx(checked["cosine_to_torch_min"])
+    assert agreement["sentences"] == checked["sentences"] > 1000  # all of STS-B dev
+    assert agreement["cosine_to_torch_mean"] >= agreement["min_mean_cosine"] == 0.97
+    assert agreement["checked_on"] == "STS-B dev" and export["check_passed"]
+    settings = json.loads((out / "embedding_settings.json").read_text())
+    assert settings["backend"] == "onnx_int8"
+
+
+@pytest.mark.ray
+def test_search_embeds_queries_through_the_manifest_s_graph(int8_backend_output, tmp_path):
+    """A row's own text as the query finds it with cosine 1: the query went through the same
+    int8 graph (the torch model's vector of it differs; another backend is refused:
+    test_search.py)."""
+    out, _ = int8_backend_output
+    _, _, texts, _ = read_output(out)
+    results = tmp_path / "results.jsonl"
+    status = run(
+        "search", [str(out), "--exact", "--query", texts[7], "-k", "1", "--output", str(results)]
+    )
+    assert status == 0
+    (hit,) = json.loads(results.read_text())["results"]
+    assert hit["text"] == texts[7] and hit["score"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_graph_failing_the_agreement_check_is_refused_naming_the_figure(tmp_path):
+    """A cached export whose check recorded a mean cosine below the minimum: refused before any
+    actor starts, with the figure (no model is loaded: the export is there)."""
+    from distributed_emb.model.onnx_export import EXPORTER
+    from distributed_emb.vectors.embed_backend import BackendCheckError, graph_key, prepare_graph
+
+    figures = {"sentences": 2910, "stsb_dev_spearman": 80.0}
+    cache = tmp_path / "graphs" / graph_key("digest", "/models/m", "mean") / "onnx"
+    cache.mkdir(parents=True)
+    (cache / "export.json").write_text(
+        json.dumps(
+            {
+                "exporter": EXPORTER,
+                "variants": {"fp32": {"file": "model.onnx"}, "int8": {"file": "model_qint8.onnx"}},
+                "backends": {
+                    "torch": {"stsb_dev_spearman": 82.0, "pairs": 1500},
+                    "onnx_fp32": {
+                        **figures,
+                        "cosine_to_torch_mean": 1.0,
+                        "cosine_to_torch_min": 1.0,
+                    },
+                    "onnx_int8": {
+                        **figures,
+                        "cosine_to_torch_mean": 0.912,
+                        "cosine_to_torch_min": 0.5,
+                    },
+                },
+            }
+        )
+    )
+    with pytest.raises(BackendCheckError, match=r"int8 graph's mean cosine .* is 0\.9120 .* 0\.97"):
+        prepare_graph("onnx_int8", "/models/m", "digest", "mean", str(tmp_path / "graphs"))
+    graph = prepare_graph("onnx", "/models/m", "digest", "mean", str(tmp_path / "graphs"))
+    assert graph.source == "cache" and graph.agreement["cosine_to_torch_mean"] == 1.0
+
+
+@pytest.mark.ray
+def test_a_block_s_batches_go_longest_first(int8_backend_output, tiny_bert_path, ray_local):
+    """The actors embed a block's texts in one call, and both backends cut its batches longest
+    first: the torch model by characters (SentenceTransformer.encode's sort), the graph by
+    token count (OnnxEmbedder), so each batch pads little."""
+    from distributed_emb.model.embedder import Embedder
+    from distributed_emb.vectors.embed_backend import GraphEmbedder
+
+    out, _ = int8_backend_output
+    _, _, texts, manifest = read_output(out)
+    graph = GraphEmbedder(str(out / manifest["graph"]), "int8", batch_size=8)
+    torch_model = Embedder(tiny_bert_path, pooler="mean", batch_size=8)
+    widths: dict[str, list[int]] = {"graph": [], "torch": []}
+    run_graph = graph.graph.session.run
+    graph.graph.session.run = lambda names, feed: (
+        widths["graph"].append(feed["input_ids"].shape[1]) or run_graph(names, feed)
+    )
+    forward = torch_model.model.forward
+    torch_model.model.forward = lambda features, **kw: (
+        widths["torch"].append(features["input_ids"].shape[1]) or forward(features, **kw)
+    )
+    block = texts[:BLOCK_ROWS]
+    graph.embed(block, role="document")
+    torch_model.embed(block, role="document")
+
+    tokens = [len(ids) for ids in graph.graph.tokenizer(block)["input_ids"]]
+    by_characters = np.argsort([-len(t) for t in block], kind="stable")
+    assert widths["torch"] == [
+        max(tokens[i] for i in by_characters[start : start + 8]) for start in range(0, 40, 8)
+    ]
+    assert widths["graph"] == sorted(tokens, reverse=True)[::8]  # each batch's longest
+    unsorted = sum(max(tokens[start : start + 8]) for start in range(0, 40, 8))
+    assert sum(widths["graph"]) <= sum(widths["torch"]) < unsorted
 
 
 @pytest.mark.ray
@@ -276,6 +424,7 @@ def test_no_output_is_named(capsys):
     [
         ("embed.block_rows=50", "embed.block_rows=40"),
         ("embed.precision=int8", "embed.precision=float32"),
+        ("embed.backend=onnx_int8", "embed.backend=torch"),
         (f"data.path={shipped_corpus('lee_documents.jsonl')}", "data.path:"),
     ],
 )

@@ -144,3 +144,26 @@ def test_index_and_search_on_object_storage(s3, tmp_path):
     rows, _ = numpy_top_k(vectors, vectors[::9], 4)
     assert np.array_equal(found.ids, rows * 10 + 7)
     assert found.texts[1, 0] == "row 9"
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--backend", "torch"], "embed.backend=onnx_int8; its queries must be embedded the same"),
+        (["--model", "/some/model"], "--model does not apply"),
+    ],
+)
+def test_search_refuses_a_query_backend_other_than_the_manifest_s(tmp_path, capsys, extra, named):
+    """The corpus went through an int8 graph (the manifest says): queries embedded by the torch
+    model, or by another model, are refused before anything loads, naming the manifest."""
+    vectors = unit(np.random.default_rng(5).normal(size=(9, 8)))
+    write_embedding_output(tmp_path, vectors, shards=1)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest.update(backend="onnx_int8", graph="graphs/0123456789abcdef", agreement={})
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert read_manifest(str(tmp_path)).backend == "onnx_int8"
+
+    assert run_job("search", [str(tmp_path), "--exact", "--query", "stocks", *extra]) == 2
+    error = capsys.readouterr().err
+    assert named in error and str(tmp_path / "manifest.json") in error
+    assert len(error.strip().splitlines()) == 1
