@@ -1,21 +1,23 @@
-"""Streaming corpora at scale: time to the first training batch and memory from 1M to 20M
-sentences, and the streaming path's delivery rate against the in-memory path it replaced.
+"""Corpora at scale on the one data path: the token shards' build, the time to the first
+training batch and the driver's memory from 1M to 20M sentences, and the delivery rate from
+the shards.
 
     python -m bench.corpus_scale --sizes 1000000 5000000 20000000 --workdir /tmp/corpus_scale
 
 For each size, generated Parquet shards (1M sentences each: the shipped Wikipedia sentences,
 numbered so that every row is distinct) are read the way a training run reads them: the driver
-lists the files (data/stream.py `text_source`), the run's one feeder actor
-(data/global_batches.py) reads and cleans them with Ray Data tasks and cuts global batches, and
-rank 0 of 2 (played by this process) takes its slice of the first one. Each size runs in a
-fresh process (its own Ray), so the peak RSS (VmHWM) of the driver and of the feeder actor is
-that size's alone.
+lists the files and runs the one pass every corpus takes (data/token_cache.py: Ray Data read,
+clean, tokenise, write the indexed shards; `--model`'s tokenizer, default the packaged MiniLM),
+then rank 0 of 2 (played by this process, data/rank_batches.py) reads its slice of the first
+global batch. Each size runs in a fresh process (its own Ray), so the driver's peak RSS
+(VmHWM) is that size's alone. The build reads and tokenises the whole corpus, so its time
+grows with it; the first slice after it, and the driver's memory, should not.
 
-Delivery rate (1M sentences, same process, interleaved): rows per second into one rank of 2
-(BATCH rows a slice), both ranks consuming, from (a) the streaming path and (b) the in-memory
-path the project used before: every row read on the driver into one Arrow table, then
-`ray.data.from_arrow`, its blocks served by the same feeder (data/stream.py `BlockSource`, what
-a Tune search uses).
+Delivery rate (the smallest size, same process, `--rounds` rounds): rows per second into rank
+0 of 2 (BATCH rows a slice), both ranks consuming, read from the shards.
+
+`--dedup`: seconds for one full pass of the corpus read without and with `data.deduplicate`
+(data/corpus_dataset.py `training_dataset`, `count()`), the read the build makes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,31 +76,29 @@ def _start_ray():
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
-def _feeder(source, world: int):
-    """A feeder actor as a run starts it (data/global_batches.py RankStream.connect), with
-    `world` ranks of BATCH rows each."""
-    import ray
+def _config(path: str, model: str | None, *overrides: str):
+    from distributed_emb.config import TrainingConfig, load_config
+    from distributed_emb.paths import default_model_path
 
-    from distributed_emb.data.global_batches import IN_FLIGHT, BatchPlan, GlobalBatchFeeder
-
-    class MeasuredFeeder(GlobalBatchFeeder):
-        def peak_rss_mb(self) -> float:  # the feeder process's own
-            return peak_rss_mb()
-
-    plan = BatchPlan(global_batch=world * BATCH, seed=0)
-    return (
-        ray.remote(MeasuredFeeder)
-        .options(num_cpus=0, max_concurrency=IN_FLIGHT * world + 4)
-        .remote(source, plan, world)
+    return load_config(
+        TrainingConfig,
+        None,
+        [
+            f"model.path={model or default_model_path()}",
+            f"data.path={path}",
+            f"data.token_cache_dir={tempfile.mkdtemp(prefix='corpus_scale_cache_')}",
+            *overrides,
+        ],
     )
 
 
-def _ranks(feeder, world: int):
+def _ranks(source, world: int):
     """The ranks' slices of each global batch, in lock step: [(table, position)] per batch."""
-    from distributed_emb.data.epoch_order import DataPosition
-    from distributed_emb.data.global_batches import RankStream
+    from distributed_emb.data.epoch_plan import BatchPlan, DataPosition
+    from distributed_emb.data.rank_batches import RankBatches
 
-    ranks = [RankStream(feeder, rank).epoch(DataPosition()) for rank in range(world)]
+    plan = BatchPlan(global_batch=world * BATCH, seed=0)
+    ranks = [RankBatches(source, plan, rank, world).epoch(DataPosition()) for rank in range(world)]
     while True:
         slices = [next(rank, None) for rank in ranks]
         if None in slices:
@@ -105,92 +106,59 @@ def _ranks(feeder, world: int):
         yield slices
 
 
-def _text_source(path: str, **data):
-    from distributed_emb.data.corpus import start_drop_counter
-    from distributed_emb.data.data_config import DataConfig
-    from distributed_emb.data.stream import text_source
-
-    counter = start_drop_counter()
-    return text_source(DataConfig(path=path, **data), counter), counter
-
-
-def first_batch(path: str) -> dict:
-    """In this (fresh) process: seconds from listing the corpus to rank 0's first slice (the
-    feeder's start included), and the peak RSS of the driver and of the feeder."""
-    import ray
+def first_batch(path: str, model: str | None) -> dict:
+    """In this (fresh) process: seconds to build the shards (listing included) and from then
+    to rank 0's first slice, and the driver's peak RSS."""
+    from distributed_emb.data.rank_batches import IndexedSource
+    from distributed_emb.data.token_cache import token_shards
 
     _start_ray()
+    config = _config(path, model)
     started = time.perf_counter()
-    source, _ = _text_source(path)
-    feeder = _feeder(source, 2)
-    (table, _), _ = next(_ranks(feeder, 2))
-    seconds = time.perf_counter() - started
+    shards = token_shards(config.data, config.stream_settings())
+    built = time.perf_counter()
+    (table, _), _ = next(_ranks(IndexedSource(shards.index), 2))
     assert table.num_rows == BATCH
-    feeder_rss = ray.get(feeder.peak_rss_mb.remote())
-    ray.kill(feeder)
     return {
-        "first_batch_s": round(seconds, 2),
+        "build_s": round(built - started, 2),
+        "first_slice_s": round(time.perf_counter() - built, 3),
         "driver_peak_rss_mb": round(peak_rss_mb(), 1),
-        "feeder_peak_rss_mb": round(feeder_rss, 1),
     }
 
 
-def _rate(source, batches: int) -> float:
-    """Rows/s into rank 0 of 2 over `batches` slices, after the first (start-up excluded: the
-    rate of the steady stream)."""
-    import ray
-
-    feeder = _feeder(source, 2)
-    stream = _ranks(feeder, 2)
-    next(stream)
-    started = time.perf_counter()
-    for _ in range(batches):
-        next(stream)
-    rate = batches * BATCH / (time.perf_counter() - started)
-    stream.close()
-    ray.kill(feeder)  # stops its pipeline before the next measurement starts
-    return rate
-
-
-def delivery(path: str, batches: int, rounds: int) -> dict:
-    import pyarrow as pa
-    import ray
-
-    from distributed_emb.data.corpus import read_rows
-    from distributed_emb.data.readers import ROW_ID
-    from distributed_emb.data.stream import BlockSource
+def delivery(path: str, model: str | None, batches: int, rounds: int) -> dict:
+    """Rows/s into rank 0 of 2 over `batches` slices after the first (start-up excluded)."""
+    from distributed_emb.data.rank_batches import IndexedSource
+    from distributed_emb.data.token_cache import token_shards
 
     _start_ray()
-    started = time.perf_counter()
-    rows, _ = read_rows(path)  # the old path: every row through the driver
-    table = pa.table({"text": rows["text"]})
-    table = table.append_column(ROW_ID, pa.array(range(table.num_rows), pa.int64()))
-    in_memory = BlockSource.of(ray.data.from_arrow(table).repartition(64).materialize())
-    driver_read_s = time.perf_counter() - started
-    streaming, memory = [], []
-    for _ in range(rounds):  # interleaved: drift in machine speed hits both alike
-        streaming.append(_rate(_text_source(path)[0], batches))
-        memory.append(_rate(in_memory, batches))
-    return {
-        "streaming_rows_per_s": [round(r) for r in streaming],
-        "in_memory_rows_per_s": [round(r) for r in memory],
-        "ratio": round(sum(streaming) / sum(memory), 3),
-        "in_memory_driver_read_s": round(driver_read_s, 1),
-    }
+    config = _config(path, model)
+    source = IndexedSource(token_shards(config.data, config.stream_settings()).index)
+    rates = []
+    for _ in range(rounds):
+        stream = _ranks(source, 2)
+        next(stream)
+        started = time.perf_counter()
+        for _ in range(batches):
+            next(stream)
+        rates.append(batches * BATCH / (time.perf_counter() - started))
+        stream.close()
+    return {"from_shards_rows_per_s": [round(r) for r in rates]}
 
 
-def dedup_cost(path: str) -> dict:
-    """Seconds for one full pass without and with `data.deduplicate`: the pass
-    data/stream.py's `count_rows` makes (the stream's pipeline without its stages, `count()`)."""
-    from distributed_emb.data.corpus import collect_report
-    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
+def dedup_cost(path: str, model: str | None) -> dict:
+    """Seconds for one full pass of the corpus read (data/corpus_dataset.py, the build's read)
+    without and with `data.deduplicate`."""
+    from distributed_emb.data.corpus import collect_report, start_drop_counter
+    from distributed_emb.data.corpus_dataset import training_dataset
 
     _start_ray()
     result = {}
     for dedup in (False, True):
+        config = _config(path, model, f"data.deduplicate={str(dedup).lower()}")
         started = time.perf_counter()
-        source, counter = _text_source(path, deduplicate=dedup)
-        rows = source.dataset(EpochOrder(None, 0), DataPosition()).count()
+        counter = start_drop_counter()
+        rows = training_dataset(config.data, counter).count()
         result["dedup" if dedup else "plain"] = {
             "pass_s": round(time.perf_counter() - started, 1),
             "rows": rows,
@@ -204,6 +172,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
     parser.add_argument("--workdir", default="/tmp/distributed_emb_corpus_scale")
+    parser.add_argument("--model", default=None, help="tokenizer (default: packaged MiniLM)")
     parser.add_argument("--batches", type=int, default=300, help="batches timed per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dedup", action="store_true", help="also time a pass with dedup on")
@@ -211,14 +180,19 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.child:  # one measurement in a fresh process
         kind, path = args.child
-        measure = {"first": first_batch, "dedup": dedup_cost}.get(kind)
-        result = measure(path) if measure else delivery(path, args.batches, args.rounds)
+        if kind == "first":
+            result = first_batch(path, args.model)
+        elif kind == "dedup":
+            result = dedup_cost(path, args.model)
+        else:
+            result = delivery(path, args.model, args.batches, args.rounds)
         print(json.dumps(result))
         return 0
 
     def child(kind: str, path: Path) -> dict:
         command = [sys.executable, __file__, "--child", kind, str(path)]
         command += ["--batches", str(args.batches), "--rounds", str(args.rounds)]
+        command += ["--model", args.model] if args.model else []
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -230,17 +204,17 @@ def main(argv=None) -> int:
             [
                 f"{size:,}",
                 str(-(-size // SHARD_ROWS)),
-                str(result["first_batch_s"]),
+                str(result["build_s"]),
+                str(result["first_slice_s"]),
                 str(result["driver_peak_rss_mb"]),
-                str(result["feeder_peak_rss_mb"]),
             ]
         )
     columns = [
         "sentences",
-        "shards",
-        "first batch (s)",
+        "files",
+        "build (s)",
+        "first slice after it (s)",
         "driver peak RSS (MiB)",
-        "feeder peak RSS (MiB)",
     ]
     print(markdown_table(columns, rows, right_aligned="rrrrr"))
     if args.dedup:

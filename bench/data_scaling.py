@@ -3,9 +3,10 @@ shard costs, and how well the epoch's order shuffles.
 
     python -m bench.data_scaling --json [--quick] [--workdir /tmp/distributed_emb_data_scaling]
 
-The corpus is indexed shards as the token cache writes them (data/indexed_shards.py: Arrow IPC
-files of `_row_id`, `text__ids` lists of 8–40 token ids, `_length`), generated once under
-`--workdir`; this measures reading them, not the prepare pass that writes them.
+The corpus is indexed shards as the token cache writes them for every run (data/indexed_shards.py:
+Arrow IPC files of `_row_id`, `text__ids` lists of 8–40 token ids, `_length`), generated once
+under `--workdir`; this measures reading them, not the build that writes them
+(bench/corpus_scale.py, bench/section_data.py).
 
 Ranks (1M rows in 8 shards, `--quick` 16k): for W = 1, 2, 4, one epoch through the product's
 worker side (data/rank_batches.py RankBatches: the order, this rank's slice of each global
@@ -21,9 +22,8 @@ W values run interleaved, `--rounds` times (3, `--quick` 1); medians.
 coordinator_row_bytes: bytes of row data through any process other than the rank that trains
 the row, per row delivered: the bench's parent process and every rank's reader are counted
 (each reader's rows_taken must equal its rows delivered); 0 means no process carried another's
-rows. For contrast, `feeder_row_bytes` is what the feeder path (data/global_batches.py, for a
-text corpus streamed without a prepare pass) moves through its one actor per row: the mean row
-size of these shards.
+rows. `row_bytes`: the mean row size of these shards, what a process handing rows to the ranks
+would carry per row.
 
 Resume (one shard of 10M rows, `--quick` 200k; the position half-way into it): the
 checkpoint's state (the position and the stream identity, as trainer_state.json stores them)
@@ -36,7 +36,7 @@ py1e and a uniform permutation, on the same shard sizes.
 
 Prints a markdown table; `--json` prints exactly one JSON line:
 {"ranks": {"1": {"rows_read_per_row", "delivered_per_s", "per_rank_per_s"}, "2": ..., "4": ...},
- "coordinator_row_bytes": ..., "feeder_row_bytes": ...,
+ "coordinator_row_bytes": ..., "row_bytes": ...,
  "resume": {"<rows>": {"state_bytes", "delivered_vs_fresh", "shard_rows", "offset_in_shard"}},
  "shuffle": {"ours": {...}, "py1e": {...}, "iid": {...}}}
 """
@@ -97,7 +97,7 @@ def write_corpus(directory: Path, rows: int, shards: int) -> None:
 
 def _rank(directory: str, plan, rank: int, world: int, start: dict, max_rows, ready, go, out):
     """One rank's process: set up, wait for the start, read its slices, report."""
-    from distributed_emb.data.epoch_order import DataPosition
+    from distributed_emb.data.epoch_plan import DataPosition
     from distributed_emb.data.indexed_shards import ShardIndex
     from distributed_emb.data.rank_batches import IndexedSource, RankBatches
     from distributed_emb.data.readers import ROW_ID
@@ -155,7 +155,7 @@ def deliver(directory: Path, plan, world: int, start: dict | None = None, max_ro
 
 
 def rank_scaling(directory: Path, corpus_rows: int, rounds: int) -> dict:
-    from distributed_emb.data.global_batches import BatchPlan
+    from distributed_emb.data.epoch_plan import BatchPlan
 
     plan = BatchPlan(global_batch=GLOBAL_BATCH, seed=0)
     expected = corpus_rows // GLOBAL_BATCH * GLOBAL_BATCH
@@ -191,7 +191,7 @@ def rank_scaling(directory: Path, corpus_rows: int, rounds: int) -> dict:
 
 
 def mean_row_bytes(directory: Path) -> float:
-    """Bytes of row data per row in the shards (what a feeder would carry per row)."""
+    """Bytes of row data per row in the shards."""
     import pyarrow as pa
 
     files = sorted(directory.glob("*.arrow"))
@@ -200,8 +200,7 @@ def mean_row_bytes(directory: Path) -> float:
 
 
 def resume_cost(directory: Path, shard_rows: int, measured_rows: int, rounds: int) -> dict:
-    from distributed_emb.data.epoch_order import DataPosition
-    from distributed_emb.data.global_batches import BatchPlan
+    from distributed_emb.data.epoch_plan import BatchPlan, DataPosition
     from distributed_emb.data.indexed_shards import ShardIndex
     from distributed_emb.data.rank_batches import IndexedSource
     from distributed_emb.data.training_stream import TrainingStream
@@ -211,7 +210,7 @@ def resume_cost(directory: Path, shard_rows: int, measured_rows: int, rounds: in
     offset = -(-shard_rows // 2 // GLOBAL_BATCH) * GLOBAL_BATCH  # the boundary past half
     position = DataPosition(0, rows=offset)
     # What a checkpoint keeps for the data: the position and the stream it indexes.
-    stream = TrainingStream(source, None, True).identity(plan)
+    stream = TrainingStream(source, source.index.rows).identity(plan)
     state = {"position": position.as_dict(), "stream": stream}
     # The resumed stream starts where the order says: its first rows are the reference's.
     expected = source.order(0, 0).rows(offset, offset + 16).tolist()
@@ -257,7 +256,7 @@ def main(argv=None) -> int:
     result = {
         "ranks": ranks,
         "coordinator_row_bytes": round(ranks.pop("_over_read_per_row") * row_bytes, 3),
-        "feeder_row_bytes": round(row_bytes, 1),
+        "row_bytes": round(row_bytes, 1),
         "resume": resume_cost(resume_dir, sizes["resume_shard_rows"], sizes["resume_rows"], rounds),
         "shuffle": shuffle_statistics(),
     }

@@ -1,7 +1,8 @@
 """The project's own training path, timed from inside: a real Ray Train run of
 `train_loop_per_worker` (TorchTrainer, InforMin-CL loss, the shipped corpus through the
-project's stream: Ray Data read and clean tasks, one feeder of global batches, each rank its
-slice), with throughput read back from the loop's own progress windows.
+project's one data path: Ray Data read, clean and tokenise into indexed shards, each rank
+reading its own slice of every global batch), with throughput read back from the loop's own
+progress windows.
 
 The loop closes a window before each evaluation and reopens it after the checkpoint, so
 evaluation and checkpoint writing never count; the first window (pipeline start-up, first
@@ -83,9 +84,8 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
     from distributed_emb.train.driver import build_trainer, planned_worker_cpus
 
     started = time.perf_counter()
-    stream = training_stream(
-        config.data, config.stream_settings()
-    )  # what run_training trains on: one feeder, W ranks
+    # What run_training trains on: the corpus's token shards, each of the W ranks its slices.
+    stream = training_stream(config.data, config.stream_settings())
     # A fresh run name each time: a run must never resume an earlier contender's checkpoint.
     run_name = f"bench-{uuid.uuid4().hex[:8]}"
     trainer = build_trainer(config, stream, run_name=run_name, **planned_worker_cpus(config))
@@ -120,22 +120,33 @@ def run_project(config: TrainingConfig, warmup_steps: int) -> ProjectRun:
 
 
 def bench_texts(config: TrainingConfig) -> list[str]:
-    """The rows the project trains on in this config's first epoch, in its order (the
-    single-process reference of the feeder's global batches, data/global_batches.py): the
-    baselines train on the same sentences."""
-    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
-    from distributed_emb.data.global_batches import batch_plan, global_batches
-    from distributed_emb.data.stream import local_epoch_tables, text_source
+    """The rows the project trains on in this config's first epoch, in its order (Ray must be
+    up): the config's token shards (built now or reused) cut as the ranks cut them, read as
+    one rank of one, each row's text looked up by its row id in the corpus read in this
+    process. The baselines train on the same sentences."""
+    import pyarrow.compute as pc
 
+    from distributed_emb.data.corpus import corpus_path, text_rules
+    from distributed_emb.data.epoch_plan import DataPosition, batch_plan
+    from distributed_emb.data.rank_batches import RankBatches
+    from distributed_emb.data.readers import DROP, ROW_ID, iter_parsed_blocks
+    from distributed_emb.data.sources import resolve_sources
+    from distributed_emb.data.training_stream import training_stream
+
+    stream = training_stream(config.data, config.stream_settings())
     plan = batch_plan(config.data, config.train.global_batch)
-    start = DataPosition()
-    tables = local_epoch_tables(
-        text_source(config.data, counter=None), EpochOrder(plan.seed, start.epoch), start
-    )
-    texts: list[str] = []
-    for batch, _ in global_batches(tables, plan, start):
-        texts += batch.column(config.data.text_column).to_pylist()
-    return texts
+    row_ids = [
+        row
+        for table, _ in RankBatches(stream.source, plan, 0, 1).epoch(DataPosition())
+        for row in table.column(ROW_ID).to_pylist()
+    ]
+    column = config.data.text_column
+    texts: dict[int, str] = {}
+    files = resolve_sources(corpus_path(config.data), config.data.hf_split)
+    for block in iter_parsed_blocks(files, text_rules(config.data)):
+        kept = block.filter(pc.equal(block.column(DROP), ""))
+        texts.update(zip(kept.column(ROW_ID).to_pylist(), kept.column(column).to_pylist()))
+    return [texts[row] for row in row_ids]
 
 
 def scratch_dir(parent: str | None, prefix: str) -> str:

@@ -1,15 +1,17 @@
 """Section 4: the data path alone, how fast the project reads, cleans and tokenises sentences,
-set against how fast training consumes them; and, on its own, the delivery rate of the
-tokenising data path (`python -m bench.section_data --json`, at the end of this file).
+set against how fast training consumes them; and, on its own, the token shards' build and
+delivery rates (`python -m bench.section_data --json`, at the end of this file).
 
 Table 4's three stages, each timed on its own:
-- read + clean: one pass over the corpus as data/stream.py's `count_rows` makes it (Ray Data
-  read and clean tasks: UTF-8 checks, empty rows dropped and counted; `count()`);
-- feeder → worker batches: the run's one feeder actor (data/global_batches.py) cutting global
-  batches of `batch_size` rows for one rank, which turns its slices into the collator's input
-  (`numpy_batch`) and collates them (tokenisation into two views, dynamic padding), consumed as
-  fast as they come (the first batch, which waits for the pipeline to start, timed apart);
-- tokenise only: the same collator on in-memory lists, no Ray (the floor of the stage above).
+- build: the one pass every corpus takes before training (data/token_cache.py: Ray Data read,
+  clean with drop counts, tokenise, write the indexed shards), timed from the call to the
+  commit;
+- shards → worker batches: one rank of 1 reading its slices of each global batch of
+  `batch_size` rows from the shards (data/rank_batches.py), turning them into the collator's
+  input (`numpy_batch`) and collating them (padding, two views), consumed as fast as they come
+  (the first batch, which pays the reader's start, timed apart);
+- tokenise only: the same collator tokenising the text in memory, no Ray (what a worker would
+  pay per row without the shards).
 """
 
 from __future__ import annotations
@@ -28,23 +30,10 @@ if TYPE_CHECKING:
 @dataclass
 class DataPathTiming:
     rows: int
-    read_s: float  # read + clean: one counting pass
-    first_batch_s: float  # feeder and Ray Data start-up: latency of the first batch
-    iterate_sentences_per_s: float  # feeder → one rank's slices + collate
-    tokenise_sentences_per_s: float  # collator only, no Ray
-
-
-def _feeder(source, plan, world: int = 1):
-    """A feeder actor as a run starts it (RankStream.connect), for `world` ranks."""
-    import ray
-
-    from distributed_emb.data.global_batches import IN_FLIGHT, GlobalBatchFeeder
-
-    return (
-        ray.remote(GlobalBatchFeeder)
-        .options(num_cpus=0, max_concurrency=IN_FLIGHT * world + 4)
-        .remote(source, plan, world)
-    )
+    build_s: float  # read + clean + tokenise + write the shards: the one pass
+    first_batch_s: float  # the rank's reader start-up: latency of the first batch
+    iterate_sentences_per_s: float  # shards → one rank's slices + collate
+    tokenise_sentences_per_s: float  # collator tokenising text, no Ray
 
 
 def time_data_path(
@@ -54,40 +43,43 @@ def time_data_path(
     max_batches: int,
     data_overrides: list[str] = (),
 ) -> DataPathTiming:
-    import ray
+    import tempfile
+
     from transformers import AutoTokenizer
 
-    from distributed_emb.config import load_config
+    from distributed_emb.config import TrainingConfig, load_config
+    from distributed_emb.data.batches import numpy_batch
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.corpus import start_drop_counter
-    from distributed_emb.data.data_config import DataConfig
-    from distributed_emb.data.epoch_order import DataPosition, EpochOrder
-    from distributed_emb.data.epoch_stream import numpy_batch
-    from distributed_emb.data.global_batches import BatchPlan, RankStream
-    from distributed_emb.data.stream import text_source
+    from distributed_emb.data.corpus import corpus_path, read_rows
+    from distributed_emb.data.epoch_plan import BatchPlan, DataPosition
+    from distributed_emb.data.rank_batches import IndexedSource, RankBatches
+    from distributed_emb.data.token_cache import token_shards
 
-    data_config = load_config(DataConfig, None, list(data_overrides))
+    config = load_config(
+        TrainingConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"model.max_seq_length={max_seq_length}",
+            f"data.token_cache_dir={tempfile.mkdtemp(prefix='data_path_token_cache_')}",
+            *(f"data.{override}" for override in data_overrides),
+        ],
+    )
+    data_config = config.data
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     collate = ContrastiveCollator(tokenizer, max_seq_length)
 
     started = time.perf_counter()
-    source = text_source(data_config, start_drop_counter())
-    dataset = source.dataset(EpochOrder(None, 0), DataPosition())  # count_rows's pass
-    if data_config.max_rows is not None:
-        dataset = dataset.limit(data_config.max_rows)
-    rows = dataset.count()
-    read_s = time.perf_counter() - started
+    shards = token_shards(data_config, config.stream_settings())  # a fresh cache: built now
+    build_s = time.perf_counter() - started
 
-    # The first batch pays the feeder's and the pipeline's start-up (once per epoch, hidden
-    # behind the first window in training): timed on its own; throughput is over the batches
-    # after it. One rank: its slice is the whole global batch.
-    plan = BatchPlan(batch_size, data_config.shuffle_seed, max_rows=data_config.max_rows)
-    feeder = _feeder(source, plan)
-    tables = []
+    # The first batch pays the reader's start (once per epoch): timed on its own; throughput
+    # is over the batches after it. One rank: its slice is the whole global batch.
+    plan = BatchPlan(batch_size, data_config.shuffle_seed)
+    reader = RankBatches(IndexedSource(shards.index), plan, 0, 1)
     sentences = 0
     started = time.perf_counter()
-    for index, (table, _) in enumerate(RankStream(feeder, 0).epoch(DataPosition())):
-        tables.append(table)
+    for index, (table, _) in enumerate(reader.epoch(DataPosition())):
         batch = collate(numpy_batch(table))
         if index == 0:
             first_batch_s = time.perf_counter() - started
@@ -97,14 +89,14 @@ def time_data_path(
         if index >= max_batches:
             break
     iterate = sentences / (time.perf_counter() - started)
-    ray.kill(feeder)
 
-    texts = [text for table in tables for text in table.column("text").to_pylist()]
+    rows, _ = read_rows(corpus_path(data_config), max_rows=max_batches * batch_size)
+    texts = rows["text"]
     started = time.perf_counter()
     for start in range(0, len(texts) - batch_size + 1, batch_size):
         collate({"text": np.array(texts[start : start + batch_size], dtype=object)})
     tokenise = (len(texts) // batch_size * batch_size) / (time.perf_counter() - started)
-    return DataPathTiming(rows, read_s, first_batch_s, iterate, tokenise)
+    return DataPathTiming(shards.rows, build_s, first_batch_s, iterate, tokenise)
 
 
 def run(
@@ -133,21 +125,21 @@ def run(
     def headroom(rate):
         return ratio(rate / consumption) if consumption else "–"
 
-    read_rate = timing.rows / timing.read_s
+    build_rate = timing.rows / timing.build_s
     table.add(
-        f"read + clean corpus ({timing.rows:,} rows, Ray Data tasks)",
-        read_rate,
-        headroom(read_rate),
+        f"build the token shards ({timing.rows:,} rows: read, clean, tokenise, write; Ray Data)",
+        build_rate,
+        headroom(build_rate),
         "–",
     )
     table.add(
-        "feeder slices + collate (1 rank)",
+        "shards → rank slices + collate (1 rank)",
         timing.iterate_sentences_per_s,
         headroom(timing.iterate_sentences_per_s),
         "–",
     )
     table.add(
-        "collate only (tokenise 2 views, no Ray)",
+        "collate tokenising text (2 views, no Ray)",
         timing.tokenise_sentences_per_s,
         headroom(timing.tokenise_sentences_per_s),
         "–",
@@ -171,31 +163,28 @@ def run(
     else:
         table.add("training consumption, 2 workers (global)", None, "–", "–")
     table.notes.append(
-        f"The Ray Data pipeline's first batch came after {timing.first_batch_s:.2f} s "
-        "(start-up, paid once per epoch inside the first window). "
+        f"The rank's first batch came after {timing.first_batch_s:.2f} s (its reader's "
+        "start, paid once per epoch inside the first window). "
         "Worker data wait = share of the training windows' wall time spent in "
         "`next(batches)` (the loop's data_wait_s / window_s): the time compute sat idle "
-        "waiting for the data path. Read + clean runs once per run on the driver."
+        "waiting for the data path. The build runs once per corpus and tokenizer, before "
+        "training, and later runs reuse it."
     )
 
 
 # ---------------------------------------------------------------------------------------------
-# Delivery into one consumer: tokenising in Ray Data, and from tokenised shards
+# The token shards: their build, and delivery from them into one consumer
 #
 #     python -m bench.section_data --json [--corpus DIR_OF_PARQUET] [--data-cpus 1 2]
 #
-# A Train worker's view of the stream (rank 0 of 1: the run's feeder actor and the rank's
-# RankStream, data/global_batches.py), each setting in a fresh process with its own Ray of
-# `data_cpus` CPUs:
-# - delivered_per_s: text → the tokenising stage (data/tokenize.py) → the feeder's global
-#   batches → the rank's slices and the collator's padding. Every row is tokenised while it is
-#   delivered.
-# - cache_build_per_s: the token cache's one pass (data/token_cache.py: read, clean, tokenise,
-#   write Parquet) over `--cache-rows` rows, nothing consuming.
-# - delivered_from_cache_per_s: the same consumer reading those tokenised shards: what later
-#   epochs, resumed runs and Tune trials get. No tokenising happens in it.
-# Against them: the collator tokenising in-memory text on one thread (what the worker's one
-# iterator thread could deliver when the worker tokenises).
+# Each setting in a fresh process with its own Ray of `data_cpus` CPUs:
+# - cache_build_per_s: the one pass every corpus takes (data/token_cache.py: read, clean,
+#   tokenise, write the indexed shards) over `--cache-rows` rows, nothing consuming.
+# - delivered_from_cache_per_s: a Train worker's view of the shards (rank 0 of 1,
+#   data/rank_batches.py RankBatches): its slices, as the collator's input, padded. No
+#   tokenising happens in it: the rate of every epoch.
+# Against them: the collator tokenising in-memory text on one thread (what a worker's one
+# iterator thread could deliver if it tokenised).
 # ---------------------------------------------------------------------------------------------
 
 
@@ -217,21 +206,13 @@ def collate_one_thread_per_s(path: str, model_path: str, rows: int, batch_size: 
 
 def _consumed_per_s(source, collate, batch_size: int, batches: int) -> float:
     """Rows/s a worker's loop gets: its slices of the global batches (one rank: the whole
-    batch) through the product's worker side (data/rank_batches.py: the feeder for streamed
-    text, the rank's own reads for indexed shards), as the collator's input (`numpy_batch`),
-    collated (padding only)."""
-    from distributed_emb.data.epoch_order import DataPosition
-    from distributed_emb.data.epoch_stream import numpy_batch
-    from distributed_emb.data.global_batches import BatchPlan, RankStream
-    from distributed_emb.data.rank_batches import IndexedSource, RankBatches
+    batch) read by the product's worker side (data/rank_batches.py), as the collator's input
+    (`numpy_batch`), collated (padding only)."""
+    from distributed_emb.data.batches import numpy_batch
+    from distributed_emb.data.epoch_plan import BatchPlan, DataPosition
+    from distributed_emb.data.rank_batches import RankBatches
 
-    plan = BatchPlan(batch_size, seed=0)
-    feeder = None
-    if isinstance(source, IndexedSource):
-        stream = RankBatches(source, plan, 0, 1).epoch(DataPosition())
-    else:
-        feeder = _feeder(source, plan)
-        stream = RankStream(feeder, 0).epoch(DataPosition())
+    stream = RankBatches(source, BatchPlan(batch_size, seed=0), 0, 1).epoch(DataPosition())
     for _ in range(5):  # start-up excluded: the steady rate
         collate(numpy_batch(next(stream)[0]))
     started = time.perf_counter()
@@ -239,10 +220,6 @@ def _consumed_per_s(source, collate, batch_size: int, batches: int) -> float:
         collate(numpy_batch(next(stream)[0]))
     rate = batches * batch_size / (time.perf_counter() - started)
     stream.close()
-    if feeder is not None:
-        import ray
-
-        ray.kill(feeder)  # stops this pipeline's tasks before the next measurement starts
     return rate
 
 
@@ -262,11 +239,8 @@ def delivery_rates(
 
     from distributed_emb.config import TrainingConfig, load_config
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.corpus import start_drop_counter
     from distributed_emb.data.rank_batches import IndexedSource
-    from distributed_emb.data.stream import text_source
     from distributed_emb.data.token_cache import token_shards
-    from distributed_emb.data.tokenize import tokenize_arguments
 
     ray.init(address="local", num_cpus=data_cpus, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -278,36 +252,24 @@ def delivery_rates(
             f"model.path={model_path}",
             f"model.max_seq_length={max_len}",
             f"data.path={path}",
-            "data.token_cache=on",
+            f"data.max_rows={cache_rows}",
             f"data.token_cache_dir={cache_dir}",
         ],
     )
     collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_path), max_len)
 
-    # The baseline is timed right before and after each delivery, in this process: a shared
+    # The baseline is timed right before and after the delivery, in this process: a shared
     # machine's load changes by the minute, so only rates timed together make a ratio.
     def one_thread() -> float:
         return collate_one_thread_per_s(path, model_path, batches * batch_size, batch_size, max_len)
 
-    stage = tokenize_arguments(config.data, config.stream_settings())
-    text = text_source(config.data, start_drop_counter(), [stage])
-    before = one_thread()
-    delivered = _consumed_per_s(text, collate, batch_size, batches)
-    after = one_thread()
-
-    config.data.max_rows = cache_rows
     started = time.perf_counter()
     shards = token_shards(config.data, config.stream_settings())
     build = shards.rows / (time.perf_counter() - started)
+    before = one_thread()
     cached = _consumed_per_s(IndexedSource(shards.index), collate, batch_size, batches)
-    last = one_thread()
-    return {
-        "delivered": delivered,
-        "one_thread": (before + after) / 2,
-        "cache_build": build,
-        "from_cache": cached,
-        "one_thread_with_cache": (after + last) / 2,
-    }
+    after = one_thread()
+    return {"cache_build": build, "from_cache": cached, "one_thread": (before + after) / 2}
 
 
 def main(argv=None) -> int:
@@ -317,7 +279,7 @@ def main(argv=None) -> int:
     import subprocess
     import sys
 
-    parser = argparse.ArgumentParser(description="delivery rate of the tokenising data path")
+    parser = argparse.ArgumentParser(description="the token shards' build and delivery rates")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--corpus", default=None, help="Parquet corpus (default: 1M in 8 shards)")
     parser.add_argument("--model", default=None, help="tokenizer (default: packaged MiniLM)")
@@ -360,22 +322,14 @@ def main(argv=None) -> int:
         rates[n] = json.loads(done.stdout.strip().splitlines()[-1])
     every_cpu = max(cpus)
     top = rates[every_cpu]
-    one_thread = top["one_thread"]
     result = {
-        # Tokenising while delivering: the rate a first epoch (or an uncached run) gets.
-        "delivered_per_s": round(top["delivered"]),
-        "collate_one_thread_per_s": round(one_thread),
-        "data_cpus": every_cpu,
-        "delivered_by_data_cpus": {str(k): round(v["delivered"]) for k, v in rates.items()},
-        "ratio": round(top["delivered"] / one_thread, 2),
-        "ratio_by_data_cpus": {
-            str(k): round(v["delivered"] / v["one_thread"], 2) for k, v in rates.items()
-        },
-        # The token cache: its one tokenising pass, then reading what it wrote (no tokenising).
+        # The one pass every corpus takes, then reading what it wrote (no tokenising).
         "cache_build_per_s": round(top["cache_build"]),
         "cache_build_by_data_cpus": {str(k): round(v["cache_build"]) for k, v in rates.items()},
+        "data_cpus": every_cpu,
         "delivered_from_cache_per_s": round(top["from_cache"]),
-        "from_cache_ratio": round(top["from_cache"] / top["one_thread_with_cache"], 2),
+        "collate_one_thread_per_s": round(top["one_thread"]),
+        "from_cache_ratio": round(top["from_cache"] / top["one_thread"], 2),
         "load_average_1min": round(os.getloadavg()[0], 1),  # other work on the machine
     }
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))

@@ -21,7 +21,7 @@ Variants:
 - default: fp32, random batches, fused AdamW (the project's engine today);
 - before: the same with `torch.optim.AdamW`'s default per-parameter update (the engine before
   the speed work);
-- length-grouped: the same sentences batched by `length_groups` (data/global_batches.py;
+- length-grouped: the same sentences batched by `length_groups` (data/epoch_plan.py;
   pool = all batches);
 - bf16: `train.precision=bf16` autocast (losses stay fp32);
 - compiled (not in table 7c, compiling takes minutes): `train.compile=true`.
@@ -142,7 +142,7 @@ def step_ab(
     from transformers import AutoTokenizer
 
     from distributed_emb.data.collate import ContrastiveCollator
-    from distributed_emb.data.global_batches import length_groups
+    from distributed_emb.data.epoch_plan import length_groups
     from distributed_emb.losses.loss_config import LossConfig
     from distributed_emb.model.encoder import TrainableEncoder
     from distributed_emb.train.engine import build_engine
@@ -158,7 +158,7 @@ def step_ab(
     warm = collate({"text": np.array(batches[0], dtype=object)})
     plain = [collate({"text": np.array(t, dtype=object)}) for t in batches[1:]]
     pool = np.array([t for texts in batches[1:] for t in texts], dtype=object)
-    # The product's grouping (data/global_batches.py), by characters as for untokenised text.
+    # The product's grouping (data/epoch_plan.py), by characters as for untokenised text.
     order = np.random.default_rng(0).permutation(len(pool) // size)
     groups = length_groups(np.array([len(t) for t in pool]), size, order)
     grouped = [collate({"text": pool[rows]}) for rows in groups]
@@ -273,7 +273,7 @@ def run(bench: BenchContext) -> None:
         "Speed = real tokens / summed step time (forward, loss, backward, clipping, "
         "optimizer); each variant has its own model and engine, the order rotates every "
         "step. The grouped variant trains on the same sentences, batched by "
-        "data/global_batches.py's length grouping over the whole pool."
+        "data/epoch_plan.py's length grouping over the whole pool."
     )
 
 

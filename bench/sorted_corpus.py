@@ -1,5 +1,5 @@
-"""The default job on a corpus sorted by source: the streamed order against the indexed order,
-measured on held-out STS.
+"""The default job on a corpus sorted by source: the corpus's own order against the shuffled
+order every run trains in, measured on held-out STS.
 
     python -m bench.sorted_corpus --documents A.jsonl B.jsonl --senteval-data DIR \
         [--workdir /tmp/distributed_emb_sorted_corpus] [--json]
@@ -10,12 +10,12 @@ article by article arrives (`--documents`: JSONL files of {"sentences": [...]}, 
 The default job (jobs/configs/informin_default.yaml) trains on it twice, everything equal but
 the order:
 
-- "streamed": `data.token_cache=off`, the feeder's order (files permuted, rows shuffled within
-  blocks of `data.block_rows` = 10,000 lines): a single file is trained in nearly file order;
-- "indexed": the shipped default (`data.token_cache=on`), spans of the whole corpus permuted
-  and rows shuffled in windows (data/shuffle.py).
+- "corpus": `data.shuffle_seed=null`, the corpus's own order (no shuffling): the file is
+  trained source after source, as an unshuffled reader would;
+- "shuffled": the default (`data.shuffle_seed=0`), spans of the whole corpus permuted and rows
+  shuffled in windows (data/shuffle.py).
 
-Then `jobs/evaluate.py INDEXED --baseline STREAMED --tasks sts` scores both on every STS task of
+Then `jobs/evaluate.py SHUFFLED --baseline CORPUS --tasks sts` scores both on every STS task of
 `--senteval-data` (none of them seen in training) with each difference's paired 95% interval.
 Prints a markdown table (or one JSON line with `--json`): per task, both Spearmans and the
 difference with its interval, plus where each run's first 1,000 training rows came from
@@ -34,7 +34,7 @@ from distributed_emb.evaluation.paired_bootstrap import PairedDifference
 from distributed_emb.tables import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
-ORDERS = {"streamed": "off", "indexed": "on"}
+ORDERS = {"corpus": "null", "shuffled": "0"}  # data.shuffle_seed
 
 
 def write_sorted_corpus(documents: list[Path], path: Path) -> list[int]:
@@ -52,12 +52,12 @@ def write_sorted_corpus(documents: list[Path], path: Path) -> list[int]:
     return starts
 
 
-def train(corpus: Path, output: Path, token_cache: str) -> dict:
+def train(corpus: Path, output: Path, shuffle_seed: str) -> dict:
     """The default job on `corpus` with one order; its metrics.json."""
     if not (output / "metrics.json").exists():
         subprocess.run(
             [sys.executable, str(REPO / "jobs" / "train_informin.py"), f"data.path={corpus}",
-             f"data.token_cache={token_cache}", "output.row_log=true",
+             f"data.shuffle_seed={shuffle_seed}", "output.row_log=true",
              "eval.test_after_training=false", "--output", str(output), "--overwrite"],
             check=True,
         )  # fmt: skip
@@ -89,11 +89,11 @@ def main(argv=None) -> int:
     corpus = args.workdir / "sorted_corpus.txt"
     starts = write_sorted_corpus(args.documents, corpus)
     runs = {name: args.workdir / name for name in ORDERS}
-    metrics = {name: train(corpus, runs[name], cache) for name, cache in ORDERS.items()}
-    comparison_file = args.workdir / "indexed_vs_streamed.json"
+    metrics = {name: train(corpus, runs[name], seed) for name, seed in ORDERS.items()}
+    comparison_file = args.workdir / "shuffled_vs_corpus.json"
     subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "evaluate.py"), str(runs["indexed"] / "model"),
-         "--baseline", str(runs["streamed"] / "model"), "--senteval-data", args.senteval_data,
+        [sys.executable, str(REPO / "jobs" / "evaluate.py"), str(runs["shuffled"] / "model"),
+         "--baseline", str(runs["corpus"] / "model"), "--senteval-data", args.senteval_data,
          "--tasks", "sts", "--output", str(comparison_file)],
         check=True,
     )  # fmt: skip
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         "sources_rows": [b - a for a, b in zip(starts, starts[1:])],
         "first_1000_rows_by_source": {n: first_rows_by_source(runs[n], starts) for n in ORDERS},
         "stsb_dev_best": {n: metrics[n]["stsb_dev_best"] for n in ORDERS},
-        "sts": sts,  # per task: PairedDifference (baseline: streamed, candidate: indexed)
+        "sts": sts,  # per task: PairedDifference (baseline: corpus order, candidate: shuffled)
     }
     if args.json:
         print(json.dumps(result))
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     print(f"sources (rows): {result['sources_rows']}; first 1,000 trained rows by source: "
           f"{result['first_1000_rows_by_source']}")  # fmt: skip
     print(markdown_table(
-        ["task", "streamed order", "indexed order", "indexed − streamed [95% CI]"],
+        ["task", "corpus order", "shuffled order", "shuffled − corpus [95% CI]"],
         [[task, f"{e['baseline']:.2f}", f"{e['candidate']:.2f}",
           PairedDifference.from_dict(e).format()]
          for task, e in result["sts"].items()],

@@ -1,8 +1,10 @@
-"""Worker-side tokenisation: text batches → the tensors one training step needs.
+"""A rank's rows → the tensors one training step needs, in each Ray Train worker.
 
-Runs inside each Ray Train worker (via `iter_torch_batches(collate_fn=...)`), so tokenising
-scales with workers and the driver never holds token ids. Padding is dynamic (to the longest
-row in the batch, not max_seq_length).
+Training rows arrive as token ids (the indexed shards, data/token_cache.py): the collator only
+pads them (dynamic padding: to the longest row in the batch, not max_seq_length), stacks the
+views, adds the MLM mask and the groups. Given text instead, it tokenises it with the same
+tokenizer call, which is the reference the shards' ids are checked against
+(tests/data/test_token_cache.py) and what the benchmarks time on in-memory text.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import zlib
 import numpy as np
 import torch
 
-from distributed_emb.data.epoch_stream import NO_TOKEN
+from distributed_emb.data.batches import NO_TOKEN
+from distributed_emb.data.corpus import row_columns
 from distributed_emb.data.readers import ROW_ID
 from distributed_emb.data.tokenize import IDS_SUFFIX, TRUNCATED_SUFFIX
 
@@ -62,16 +65,13 @@ class ContrastiveCollator(_CollateBase):
         self.mlm_probability = mlm_probability
         self.generator = torch.Generator().manual_seed(seed)
         self.negative_column = negative_column
+        # The row's texts, then its negative: declared once, in data/corpus.py.
+        self.columns = row_columns(
+            kind, text_column, anchor_column, positive_column, negative_column
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        # The order of data/corpus.py corpus_columns: the row's texts, then its negative.
-        columns = (
-            [self.text_column]
-            if self.kind == "sentences"
-            else [self.anchor_column, self.positive_column]
-        )
-        if self.negative_column is not None:
-            columns.append(self.negative_column)
+        columns = self.columns
         encoded = self._encode(batch, columns)
         rows = len(encoded["input_ids"]) // len(columns)
         # One (B, L) block a column, all padded to one L.
@@ -102,7 +102,7 @@ class ContrastiveCollator(_CollateBase):
     def _encode(self, batch: dict[str, np.ndarray], columns: list[str]) -> dict[str, torch.Tensor]:
         """The columns' rows, one after the other, padded to one length: tokenised here, or
         only padded when Ray Data tokenised them already (data/tokenize.py; token-id matrices
-        as epoch_stream.numpy_batch makes them)."""
+        as batches.numpy_batch makes them)."""
         if all(column + IDS_SUFFIX in batch for column in columns):
             matrices = [batch[column + IDS_SUFFIX] for column in columns]  # each (n, w)
             width = max(m.shape[1] for m in matrices)

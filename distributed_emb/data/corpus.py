@@ -1,9 +1,15 @@
-"""Sentence corpora and pair tables → a lazy, streaming Ray Dataset, with exact drop counts.
+"""Sentence corpora and pair tables: which columns a row has, and the Ray Data stages that clean
+them with exact drop counts.
 
 The driver only lists the files (data/sources.py). Reading, parsing and cleaning run as Ray
-Data tasks (data/readers.py); training consumes one stream of global batches
-(data/stream.py, data/global_batches.py), so a corpus of any size starts training as soon
-as its first block is read, and nothing of it passes through the driver.
+Data tasks (data/readers.py, assembled in data/corpus_dataset.py) in the pass that writes the
+corpus's indexed token shards (data/token_cache.py), so nothing of the corpus passes through
+the driver.
+
+A row's text columns are declared once, in `row_columns` (`corpus_columns` for a `data`
+section): the reading rules, the cleaning, the token cache's key, the tokenising stage, the
+length used for grouping and the collator all take them from there, so a new column (like
+the mined hard `negative`, `data.negative_column`) is added here and nowhere else in data/.
 
 Drop counts: each cleaning task counts its block's rows by reason and hands the counts to one
 small actor (`DropCounter`) under the block's first row id. A block read again (the next
@@ -41,21 +47,34 @@ log = logging.getLogger(__name__)
 
 STREAM_BLOCK_BYTES = 4 * 1024**2
 
-__all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows"]
+__all__ = ["CorpusError", "DropReport", "corpus_columns", "read_rows", "row_columns"]
+
+
+def row_columns(
+    kind: str,
+    text_column: str = "text",
+    anchor_column: str = "anchor",
+    positive_column: str = "positive",
+    negative_column: str | None = None,
+) -> list[str]:
+    """The text columns of a row, read, cleaned and tokenised alike, in the order the collator
+    stacks them: the sentence (or the pair's anchor and positive), then the hard negative
+    when there is one. A row missing any of them is dropped and counted (readers.TextRows)."""
+    columns = [text_column] if kind == "sentences" else [anchor_column, positive_column]
+    if negative_column is not None:
+        columns.append(negative_column)
+    return columns
 
 
 def corpus_columns(data_config: DataConfig) -> list[str]:
-    """The text columns of a row, read, cleaned and tokenised alike, in the order the collator
-    stacks them: the sentence (or the pair's anchor and positive), then the hard negative
-    (`data.negative_column`) when there is one. A row missing any of them is dropped and
-    counted (readers.TextRows)."""
-    if data_config.kind == "sentences":
-        columns = [data_config.text_column]
-    else:
-        columns = [data_config.anchor_column, data_config.positive_column]
-    if data_config.negative_column is not None:
-        columns.append(data_config.negative_column)
-    return columns
+    """`row_columns` of a `data` section."""
+    return row_columns(
+        data_config.kind,
+        data_config.text_column,
+        data_config.anchor_column,
+        data_config.positive_column,
+        data_config.negative_column,
+    )
 
 
 def text_rules(data_config: DataConfig) -> TextRows:
@@ -235,7 +254,7 @@ def read_rows(
 ) -> tuple[dict[str, list[str]], DropReport]:
     """Clean rows of `columns` in file order, plus the drop report, read in this process.
 
-    Same files, rules and counts as the Ray path (data/stream.py `training_dataset`); for
+    Same files, rules and counts as the Ray path (data/corpus_dataset.py `training_dataset`); for
     inputs small enough for one process (MCR² pair tables, tests)."""
     rules = TextRows(columns or ["text"], group_column, max_chars)
     report = DropReport()

@@ -79,46 +79,29 @@ class DataConfig:
         int,
         Field(
             ge=1,
-            description="rows per block read: the unit of parallelism, counting and shuffling",
+            description="rows per block read: the unit of the build's parallelism and counting",
         ),
     ] = 10_000
-    # data/epoch_order.py: the same order for any worker count.
+    # data/shuffle.py: the same order for any worker count.
     shuffle_seed: Annotated[
         Seed | None,
         Field(
-            description="seed of the corpus order, drawn per epoch (indexed shards: spans of "
-            "the whole corpus, rows within windows; streamed: files, rows within each block); "
-            "null: corpus order"
+            description="seed of the corpus order, drawn per epoch (spans of the whole corpus "
+            "permuted, rows shuffled within windows); null: corpus order"
         ),
     ] = 0
-    # GPUs need the tokenising off the training process (data/tokenize.py).
-    tokenize_in: Annotated[
-        Literal["auto", "worker", "ray_data"],
-        Field(
-            description="where text becomes token ids: a Ray Data stage on the cluster's CPUs "
-            "(ray_data), each Train worker (worker); auto: ray_data on GPU runs"
-        ),
-    ] = "auto"
     tokenize_batch_rows: Annotated[
         int, Field(ge=1, description="rows per tokenising task call")
     ] = 1024
-    token_cache: Annotated[
-        Literal["auto", "on", "off"],
-        Field(
-            description="prepare the corpus once as indexed token-id shards that every worker "
-            "reads its own rows from, reused by later epochs, resumed runs and Tune trials "
-            "(data/token_cache.py); off: stream the text through one feeder; auto: on for Tune "
-            "searches and for runs that tokenise in Ray Data and read the whole corpus"
-        ),
-    ] = "auto"
     token_cache_dir: Annotated[
         str | None,
         Field(
-            description="where the token cache lives (local or s3://); null: "
+            description="where the corpus's indexed token shards live, built once and reused "
+            "by every run with the same corpus and tokenizer (local or s3://); null: "
             "<storage path>/token_cache"
         ),
     ] = None
-    # Less padding (data/global_batches.py, docs/BENCHMARKS.md).
+    # Less padding (data/epoch_plan.py, docs/BENCHMARKS.md).
     length_group_batches: Annotated[
         int,
         Field(

@@ -1,18 +1,18 @@
 """The worker side of data/: a rank's slices of the epoch's global batches, read by the rank.
 
-`open_rank_stream(source, plan, rank, world)` is the one call a Train worker makes. For
-indexed shards (data/indexed_shards.py: the token cache, a Tune search's prepared corpus) the
-rank reads its own rows: no other process touches them. For a text corpus streamed without a
-prepare pass, the run's feeder actor serves them (data/global_batches.py).
+Every corpus is trained from indexed shards (data/indexed_shards.py, built once by
+data/token_cache.py), and a Train worker makes one object, `RankBatches(source, plan, rank,
+world)`, that reads its own rows from them: no other process touches them, and no actor hands
+them out.
 
-Reading its own rows, a rank works out everything from (the index, the plan, the position):
+A rank works out everything from (the index, the plan, the position):
 - the epoch's order is `ShardOrder(shard sizes, seed, epoch)` (data/shuffle.py), a function
   every rank computes alike;
 - global batch k is the rows at epoch positions [k·G, (k+1)·G) of that order, the same for
   any number of workers W; with length grouping (`data.length_group_batches` = k > 1) a pool
   of k·G positions is sorted by the rows' lengths (the shards' `_length` column, 4 bytes a
-  row) and cut into k batches visited in an order drawn from the seed, exactly as the
-  feeder does (global_batches.length_groups);
+  row) and cut into k batches visited in an order drawn from the seed
+  (data/epoch_plan.py `length_groups`, `EpochOrder.pool_batches`);
 - rank r takes rows split_rows(G, W, r) of each batch (⌊G/W⌋ or ⌈G/W⌉) and reads only those
   from the memory-mapped shards.
 A position is `DataPosition(epoch, rows=positions before the pool, pool_batches=batches of
@@ -29,11 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from distributed_emb.data.epoch_order import DataPosition, EpochOrder
-from distributed_emb.data.global_batches import (
-    CHUNK_ROWS,
+from distributed_emb.data.epoch_plan import (
     BatchPlan,
-    RankStream,
+    DataPosition,
+    EpochOrder,
     length_groups,
     split_rows,
 )
@@ -41,11 +40,12 @@ from distributed_emb.data.indexed_shards import LENGTH, ShardIndex, ShardReader
 from distributed_emb.data.shuffle import SPAN_ROWS, WINDOW_ROWS, ShardOrder
 
 AHEAD = 4  # chunks a rank's reading thread prepares beyond the one being trained
+CHUNK_ROWS = 2048  # rows of this rank's slices read by one take (fewer, larger reads)
 
 
 @dataclass(frozen=True)
 class IndexedSource:
-    """A prepared corpus every rank reads from itself (what a TrainingStream carries)."""
+    """The indexed shards every rank reads from itself (what a TrainingStream carries)."""
 
     index: ShardIndex
     cache_dir: str | None = None  # node-local copies of remote shards (None: the temp dir)
@@ -59,14 +59,6 @@ class IndexedSource:
 
     def order(self, seed: int | None, epoch: int) -> ShardOrder:
         return ShardOrder(self.index.shard_rows, seed, epoch, self.span_rows, self.window_rows)
-
-
-def open_rank_stream(source, plan: BatchPlan, rank: int, world_size: int):
-    """This rank's stream of slices (`.epoch(start)` → (table, position after) pairs).
-    Collective on the feeder path (rank 0 starts the feeder)."""
-    if isinstance(source, IndexedSource):
-        return RankBatches(source, plan, rank, world_size)
-    return RankStream.connect(source, plan, rank, world_size)
 
 
 class RankBatches:
@@ -84,7 +76,7 @@ class RankBatches:
         `start` to the end of the epoch; nothing read but lengths for grouping."""
         plan = self.plan
         order = self.source.order(plan.seed, start.epoch)
-        batch_order = EpochOrder(plan.seed, start.epoch)  # a pool's batch order, as the feeder
+        batch_order = EpochOrder(plan.seed, start.epoch)  # a pool's batch order
         begin, end = split_rows(plan.global_batch, self.world, self.rank)
         pool_rows = plan.global_batch * plan.length_group
         pool_start, skip = start.rows, start.pool_batches

@@ -13,9 +13,8 @@ with a drop reason and where it was (``file:line``); nothing is lost without a c
 
 Every row gets a stable id, ``file index << 36 | line (or row) number``: the same row has the
 same id in every epoch, on every worker and in every run over the same files: what the row
-log (`output.row_log`) and the de-duplication's "first copy" rely on. Block bounds are fixed
-by the file too, which is what an epoch's order and a resume position are made of
-(data/epoch_order.py).
+log (`output.row_log`), the de-duplication's "first copy" and the shards' corpus order rely on
+(data/corpus_dataset.py).
 
 `RowRules` decides what a record means (sentence/pair corpora here, documents in
 data/documents.py); the reader only turns bytes into records.
@@ -23,7 +22,6 @@ data/documents.py); the reader only turns bytes into records.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -60,17 +58,6 @@ class RowRules(Protocol):
 
     def normalise(self, record: dict) -> tuple[dict | None, str, str]:
         """(kept values, "", "") or (None, drop reason, detail)."""
-
-
-@dataclass
-class StoredRows:
-    """Parquet shards the product wrote itself (the token cache): every column as stored,
-    the original row ids included, nothing to clean."""
-
-    stored = True
-    fields: list[str] = field(default_factory=list)
-    required: list[str] = field(default_factory=list)
-    max_chars: int = 0
 
 
 @dataclass
@@ -345,38 +332,13 @@ def _checked_columns(names: list[str], file: SourceFile, rules: RowRules) -> lis
     return present
 
 
-def parquet_blocks(
-    parquet: pq.ParquetFile, columns: list[str] | None, first_row: int, block_rows: int
-) -> Iterator[pa.Table]:
-    """The file's rows from `first_row` on, in tables of exactly `block_rows` rows (the last
-    may be shorter). Only the row groups from the one holding `first_row` are read: a resumed
-    epoch seeks instead of reading past what it trained."""
-    metadata = parquet.metadata
-    group, group_start = 0, 0
-    while group < metadata.num_row_groups:
-        rows = metadata.row_group(group).num_rows
-        if group_start + rows > first_row:
-            break
-        group_start += rows
-        group += 1
-    if group == metadata.num_row_groups:
-        return
-    batches = parquet.iter_batches(
-        batch_size=block_rows, row_groups=range(group, metadata.num_row_groups), columns=columns
-    )
-    yield from exact_blocks(batches, first_row - group_start, block_rows)
-
-
-def exact_blocks(batches, drop: int, block_rows: int) -> Iterator[pa.Table]:
+def exact_blocks(batches, block_rows: int) -> Iterator[pa.Table]:
     """Record batches of any sizes → tables of exactly `block_rows` rows (the last may be
-    shorter), leaving out the first `drop` rows."""
+    shorter)."""
     pending: list[pa.Table] = []
     pending_rows = 0
     for batch in batches:
         table = pa.Table.from_batches([batch])
-        if drop:
-            cut = min(drop, table.num_rows)
-            table, drop = table.slice(cut), drop - cut
         pending.append(table)
         pending_rows += table.num_rows
         while pending_rows >= block_rows:
@@ -388,18 +350,15 @@ def exact_blocks(batches, drop: int, block_rows: int) -> Iterator[pa.Table]:
         yield pa.concat_tables(pending)
 
 
-def _table_blocks(
-    handle, file: SourceFile, rules: RowRules, block_rows: int, first_row: int = 0
-) -> Iterator[pa.Table]:
-    """A Parquet or Arrow file's wanted columns from `first_row` on, in `block_rows`-row
-    tables."""
+def _table_blocks(handle, file: SourceFile, rules: RowRules, block_rows: int) -> Iterator[pa.Table]:
+    """A Parquet or Arrow file's wanted columns in `block_rows`-row tables."""
     if file.format == "parquet":
         parquet = _parquet(handle, file)
         columns = _checked_columns(parquet.schema_arrow.names, file, rules)
-        yield from parquet_blocks(parquet, columns, first_row, block_rows)
+        batches = parquet.iter_batches(batch_size=block_rows, columns=columns)
+        yield from exact_blocks(batches, block_rows)
         return
-    # Arrow IPC streams cannot seek: rows before `first_row` are read past.
-    yield from exact_blocks(pa.ipc.open_stream(handle), first_row, block_rows)
+    yield from exact_blocks(pa.ipc.open_stream(handle), block_rows)
 
 
 def _vectorised_blocks(tables, file: SourceFile, rules, first: int) -> Iterator[pa.Table]:
@@ -431,12 +390,11 @@ def read_file_blocks(
     file: SourceFile,
     rules: RowRules,
     block_rows: int = 10_000,
-    skip_blocks: int = 0,
 ) -> Iterator[pa.Table]:
     """Parsed blocks of one file (below); a file its reader cannot parse at all (a ".parquet"
     that is not Parquet, a ".gz" cut short) is a CorpusError naming it, wherever it is read."""
     try:
-        yield from _parsed_file_blocks(filesystem, file, rules, block_rows, skip_blocks)
+        yield from _parsed_file_blocks(filesystem, file, rules, block_rows)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise CorpusError(f"{file.path}: not a readable {file.format} file ({error})") from None
     except OSError as error:
@@ -467,35 +425,25 @@ def _parsed_file_blocks(
     file: SourceFile,
     rules: RowRules,
     block_rows: int,
-    skip_blocks: int,
 ) -> Iterator[pa.Table]:
     """Parsed blocks of one file: the kept columns of `rules` plus ROW_ID, DROP and WHERE.
 
     Block b is the file's lines or rows [b·block_rows, (b+1)·block_rows): the file alone
-    fixes it, so it is the same rows in every read. `skip_blocks`: leading blocks not parsed
-    (a resumed epoch, data/epoch_order.py); Parquet seeks to the row group holding the first
-    row wanted, text and Arrow streams read past the skipped lines without decoding them.
+    fixes it, so it is the same rows in every read.
     """
     text_field = rules.fields[0] if len(rules.fields) == 1 else None
     with _open(filesystem, file) as handle:
-        first_row = skip_blocks * block_rows
-        if getattr(rules, "stored", False):
-            yield from parquet_blocks(_parquet(handle, file), None, first_row, block_rows)
-            return
         if file.format in ("parquet", "arrow") and hasattr(rules, "normalise_arrow"):
-            tables = _table_blocks(handle, file, rules, block_rows, first_row)
-            yield from _vectorised_blocks(tables, file, rules, first_row + 1)
+            tables = _table_blocks(handle, file, rules, block_rows)
+            yield from _vectorised_blocks(tables, file, rules, 1)
             return
         if file.format in ("txt", "jsonl"):
-            lines = iter_lines(handle.read, 4 * rules.max_chars + 4)
-            # Whole lines past, undecoded: one line is one record.
-            for _ in itertools.islice(lines, first_row):
-                pass
-            records = _line_records(lines, file, text_field, first=first_row + 1)
+            records = _line_records(
+                iter_lines(handle.read, 4 * rules.max_chars + 4), file, text_field
+            )
             label = ""
         else:
-            tables = _table_blocks(handle, file, rules, block_rows, first_row)
-            records = _table_records(tables, file, rules, first=first_row + 1)
+            records = _table_records(_table_blocks(handle, file, rules, block_rows), file, rules)
             label = "row "
         rows: list[tuple[int, dict | None, str, str]] = []
         number = None
@@ -546,44 +494,11 @@ def iter_parsed_blocks(files: CorpusFiles, rules: RowRules, block_rows: int = 10
 # ---------------------------------------------------------------------------------------------
 
 
-def read_unit_blocks(
-    filesystem, file, rules, block_rows, order, unit, ordinal, skip, with_sequence=False
-) -> Iterator[pa.Table]:
-    """One file's parsed blocks from block `skip` on, as an epoch reads them (`order`, see
-    data/epoch_order.py: rows shuffled and tagged with their block's key), or as they are
-    (`order` None). What a read task runs, and the in-process reference too."""
-    from distributed_emb.data.epoch_order import ordered_block
-
-    blocks = read_file_blocks(filesystem, file, rules, block_rows, skip)
-    if order is None:
-        yield from blocks
-        return
-    for number, block in enumerate(blocks, start=skip):
-        yield ordered_block(block, order, unit, ordinal, number, with_sequence)
-
-
-def corpus_datasource(
-    files: CorpusFiles,
-    rules: RowRules,
-    block_rows: int = 10_000,
-    order=None,
-    start_block: int = 0,
-    with_sequence: bool = False,
-):
-    """A Ray Data datasource with one read task per file: the files are opened and parsed on
-    the cluster, never on the driver.
-
-    `order` (data/epoch_order.py EpochOrder): the files in that epoch's order, each block's rows
-    shuffled and tagged with its key; `start_block` (a block key) the first block read, for a
-    resumed epoch: files before it are not opened; `with_sequence`: each row's place in its
-    block too (what puts the order back after de-duplication). The tasks must run in order
-    (`preserve_order`) for the stream to follow it."""
+def corpus_datasource(files: CorpusFiles, rules: RowRules, block_rows: int = 10_000):
+    """A Ray Data datasource with one read task per file, in the files' order: the files are
+    opened and parsed on the cluster, never on the driver (data/corpus_dataset.py)."""
     from ray.data.block import BlockMetadata  # startup
     from ray.data.datasource import Datasource, ReadTask  # startup
-
-    from distributed_emb.data.epoch_order import read_plan
-
-    plan = read_plan(order, len(files.files), start_block)
 
     class CorpusDatasource(Datasource):
         def estimate_inmemory_data_size(self) -> int | None:
@@ -591,17 +506,13 @@ def corpus_datasource(
 
         def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
             tasks = []
-            for unit, ordinal, skip in plan:
-                file, filesystem = files.files[unit], files.filesystems[unit]
+            for file, filesystem in zip(files.files, files.filesystems):
                 metadata = BlockMetadata(
                     num_rows=None, size_bytes=file.size, input_files=[file.path], exec_stats=None
                 )
 
-                def read(file=file, filesystem=filesystem, unit=unit, ordinal=ordinal, skip=skip):
-                    yield from read_unit_blocks(
-                        filesystem, file, rules, block_rows, order, unit, ordinal, skip,
-                        with_sequence,
-                    )  # fmt: skip
+                def read(file=file, filesystem=filesystem):
+                    yield from read_file_blocks(filesystem, file, rules, block_rows)
 
                 tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
             return tasks

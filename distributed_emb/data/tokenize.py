@@ -1,13 +1,12 @@
-"""Tokenisation as a Ray Data stage: token ids made on the cluster's CPUs, not in the worker.
+"""Tokenisation as a Ray Data stage: token ids made on the cluster's CPUs, once per corpus.
 
-On a GPU the encoder consumes tens of thousands of sentences a second, more than one
-tokenising thread in each Train worker can feed. With `data.tokenize_in=ray_data` each rank's
-stream (data/stream.py) gains a `map_batches` stage that tokenises and truncates its rows
-in Ray Data tasks, on whatever CPUs the cluster has left after the Train workers, and hands
-the worker lists of token ids; the worker only pads, builds the MLM mask and moves the batch
-to the device (data/collate.py reads `<column>__ids` when present). The ids are exactly what
-the worker-side tokenizer makes (tests/data/test_tokenize.py).
-"""
+The token cache's build (data/token_cache.py) runs this stage over the clean corpus and writes
+its output into the indexed shards every run trains from, so the Train workers never
+tokenise: they only pad, build the MLM mask and move the batch to the device (data/collate.py
+reads `<column>__ids`). On a GPU the encoder consumes tens of thousands of sentences a second,
+more than a tokenising thread in each worker could feed; tokenised once, later epochs, resumed
+runs and Tune trials pay nothing. The ids are exactly what the tokenizer called on the text
+makes (tests/data/test_tokenize.py, tests/data/test_token_cache.py)."""
 
 from __future__ import annotations
 
@@ -131,19 +130,6 @@ def tokenize_columns(
         table = table.append_column(column + IDS_SUFFIX, ids)
         table = table.append_column(column + TRUNCATED_SUFFIX, truncated)
     return table
-
-
-def tokenize_in_ray_data(data: DataConfig, stream: StreamSettings) -> bool:
-    """`data.tokenize_in`: auto tokenises in Ray Data on GPU runs (where one worker thread
-    cannot keep up) and in the worker on CPU runs (where a step costs ~100× the tokenising)."""
-    choice = data.tokenize_in
-    return stream.use_gpu if choice == "auto" else choice == "ray_data"
-
-
-def tokenize_stage(data: DataConfig, stream: StreamSettings) -> dict | None:
-    """The map_batches arguments of the stage that tokenises a streamed corpus, or None when
-    the workers tokenise."""
-    return tokenize_arguments(data, stream) if tokenize_in_ray_data(data, stream) else None
 
 
 def tokenize_arguments(data: DataConfig, stream: StreamSettings) -> dict:

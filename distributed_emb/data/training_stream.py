@@ -1,45 +1,39 @@
 """The driver side of data/: `training_stream(data, stream)`, what a run trains on.
 
-It decides where a run's rows come from and returns a `TrainingStream`: a picklable *source*,
-the clean row count when the schedule needs it, and the identity of the stream that a
-checkpoint's position indexes. The worker side (data/rank_batches.py `open_rank_stream`) turns
-the source into each rank's slices of the epoch's global batches.
+There is one data path. Every corpus, local or remote, text or columnar, is read once by Ray
+Data into indexed token shards (data/token_cache.py: read → clean → tokenise → Arrow IPC
+shards with an index, reused by every later run with the same key), and each rank then reads
+its own rows of each global batch from the shards (data/rank_batches.py `RankBatches`). One
+epoch order, one position a checkpoint keeps (data/epoch_plan.py `DataPosition`), one count of
+the rows dropped (the build's, kept in its commit).
 
-Sources:
-- `IndexedSource` (data/rank_batches.py): the token cache's indexed shards (`data.token_cache`,
-  data/token_cache.py); every rank reads its own rows.
-- `FileSource` / `BlockSource` (data/stream.py): a corpus streamed in the epoch's order through
-  the run's feeder (data/global_batches.py).
-
-The settings come as the `data` section (`DataConfig`) and `StreamSettings`, what the stream
-needs from the other sections, resolved once on the driver.
+`training_stream` returns a `TrainingStream`: the picklable source the workers read, the row
+count the schedule needs (the build counted it), the drop report, and the identity of the
+stream that a checkpoint's position indexes. The settings come as the `data` section
+(`DataConfig`) and `StreamSettings`, what the data path needs from the other sections,
+resolved once on the driver.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distributed_emb.data.corpus import collect_report, start_drop_counter
 from distributed_emb.data.data_config import DataConfig
-from distributed_emb.data.global_batches import BatchPlan
+from distributed_emb.data.epoch_plan import BatchPlan
 from distributed_emb.data.rank_batches import IndexedSource
-from distributed_emb.data.stream import BlockSource, FileSource, count_rows, text_source
+from distributed_emb.data.readers import DropReport
 from distributed_emb.data.stream_settings import StreamSettings
 from distributed_emb.data.token_cache import token_shards
-from distributed_emb.data.tokenize import tokenize_stage
 from distributed_emb.errors import UserInputError
 
 
 @dataclass
 class TrainingStream:
-    """What a run trains on: the source, its clean row count when the schedule needs one,
-    and how to get the drop report once the run has read it."""
+    """What a run trains on: the shards, their clean row count and what the build dropped."""
 
-    source: IndexedSource | FileSource | BlockSource
-    rows: int | None
-    pretokenised: bool
-    report: object = None  # a DropReport known up front (a token cache), else None
-    counter: object = None  # the DropCounter actor to collect the report from
+    source: IndexedSource
+    rows: int
+    report: DropReport | None = None
 
     def identity(self, plan: BatchPlan) -> dict:
         """What a position of this stream indexes (kept beside it in every checkpoint): a
@@ -51,11 +45,6 @@ class TrainingStream:
             "length_group": plan.length_group,
             "max_rows": plan.max_rows,
         }
-
-    def corpus_report(self):
-        if self.report is not None:
-            return self.report
-        return collect_report(self.counter) if self.counter is not None else None
 
 
 class StreamChangedError(UserInputError):
@@ -81,19 +70,8 @@ def check_same_stream(stored: dict | None, current: dict, where: str) -> None:
         )
 
 
-def training_stream(
-    data: DataConfig, stream: StreamSettings, search: bool = False
-) -> TrainingStream:
-    """The run's stream: the token cache's indexed shards when the cache is on (built now if
-    needed; every rank reads its own rows), else the text corpus, cleaned on the cluster and
-    tokenised there when `data.tokenize_in` says so, through the run's feeder."""
-    shards = token_shards(data, stream, search=search)
-    if shards is not None:
-        rows = shards.rows if stream.max_steps is None else None
-        source = IndexedSource(shards.index)
-        return TrainingStream(source, rows, pretokenised=True, report=shards.report)
-    counter = start_drop_counter()
-    stage = tokenize_stage(data, stream)
-    source = text_source(data, counter, [stage] if stage else [])
-    rows = None if stream.max_steps is not None else count_rows(data, source)
-    return TrainingStream(source, rows, pretokenised=stage is not None, counter=counter)
+def training_stream(data: DataConfig, stream: StreamSettings) -> TrainingStream:
+    """The run's stream: the corpus's indexed token shards, reused when a build with this key
+    is committed, else built now (one Ray Data pass on the cluster; Ray must be up)."""
+    shards = token_shards(data, stream)
+    return TrainingStream(IndexedSource(shards.index), shards.rows, shards.report)

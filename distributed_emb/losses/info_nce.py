@@ -2,7 +2,7 @@
 
 Inputs on each rank: z1, z2 of shape (B, d): two views of the same B sentences (or the anchor
 and positive of B pairs). Candidates for row i are all G = Σ_r B_r second views gathered from
-every worker (with gradients; the workers' B_r may differ by one, data/global_batches.py
+every worker (with gradients; the workers' B_r may differ by one, data/epoch_plan.py
 split_rows); the positive of local row i sits at column o + i, o = B_0 + … + B_{rank−1}.
 
     s_ij = cos(z1_i, z2_j) / τ,   L_C = mean_i CE(s_i, o + i)

@@ -49,7 +49,7 @@ class LoopState:
     truncated: int = 0  # rows cut by max_seq_length, global
     restarts: int = 0  # times this run resumed from a checkpoint after a failure
     history: list[dict] = field(default_factory=list)  # evaluations so far
-    # Where the next global batch starts (data/epoch_order.py DataPosition, as a dict): all a
+    # Where the next global batch starts (data/epoch_plan.py DataPosition, as a dict): all a
     # resumed or resized run needs to continue the epoch exactly.
     position: dict = field(default_factory=dict)
     # The stream that position indexes (data/training_stream.py TrainingStream.identity): a resume

@@ -30,7 +30,7 @@ from torch import nn
 
 from distributed_emb import distributed
 from distributed_emb.config import merge_trees
-from distributed_emb.data.global_batches import split_rows
+from distributed_emb.data.epoch_plan import split_rows
 from distributed_emb.train.checkpointing import (
     MODEL_FILE,
     load_encoder_weights,

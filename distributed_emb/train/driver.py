@@ -29,7 +29,7 @@ from distributed_emb.config import TrainingConfig, to_dict
 from distributed_emb.data.beir_layout import list_splits, read_splits
 from distributed_emb.data.corpus import check_small_corpus
 from distributed_emb.data.documents import check_small_documents
-from distributed_emb.data.global_batches import batch_plan
+from distributed_emb.data.epoch_plan import batch_plan
 from distributed_emb.data.training_stream import TrainingStream, training_stream
 from distributed_emb.evaluation.senteval_data import SentEvalDataError
 from distributed_emb.evaluation.sts import stsb_score
@@ -244,8 +244,8 @@ def build_trainer(
 ):
     """The TorchTrainer for `config` (also used by the Tune driver, which passes Ray Train
     callbacks such as TuneReportCallback). `stream`: what the run trains on
-    (data/training_stream.py; its source goes to the workers, which read their rows from it,
-    or whose rank 0 starts the feeder for a streamed corpus). `worker_cpus`: each
+    (data/training_stream.py; its source, the indexed shards, goes to the workers, each of
+    which reads its own rows from it). `worker_cpus`: each
     worker's CPU reservation from the resource plan (resource_plan.py), when it lowered
     `train.cpus_per_worker`. `stored_logs`: the run's `logs/` on its storage path, which rank
     0 keeps up to date (run_training's StoredLogs; None: the local files only)."""
@@ -342,7 +342,8 @@ def run_training(
 ) -> TrainingResult:
     """Train with Ray Train, export the best checkpoint (by eval.select_by: STS-B dev, or
     nDCG@10 on a split of eval.retrieval_dir) and write metrics.json.
-    `stream`: what to train on (default: data/training_stream.py's choice for `config`).
+    `stream`: what to train on (default: `config`'s corpus as indexed shards,
+    data/training_stream.py).
     `callbacks`: Ray Train callbacks, run in the Train controller (infocse/overlap.py)."""
     started = time.time()
     config = train_on_documents(config)
@@ -362,6 +363,7 @@ def run_training(
     output.mkdir(parents=True, exist_ok=True)
     if stream is None:
         stream = training_stream(config.data, config.stream_settings())
+        log.info(stream.report.summary())
     # A checkpoint's data position must index this stream (a rebuilt or removed token cache,
     # other data settings): refused here, before Ray Train starts any worker.
     plan = batch_plan(config.data, config.train.global_batch)
@@ -379,9 +381,7 @@ def run_training(
         result = _fit_watched(trainer, config)
     if result.error is not None:
         raise result.error
-    corpus_report = stream.corpus_report()
-    if corpus_report is not None and stream.report is None:
-        log.info(corpus_report.summary())
+    corpus_report = stream.report
 
     best = _best_checkpoint(result, config.eval.start_is_candidate)
     history = _history(result.checkpoint)

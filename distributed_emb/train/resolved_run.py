@@ -14,7 +14,7 @@ What the step decides:
   checkpoints; 0 on one machine, where a failure is a bug to see, not a node to wait for.
 
 Two things are decided later, where the facts are: each rank's rows of a global batch depend
-on the size of the group that runs it (an elastic group's size changes; data/global_batches.py
+on the size of the group that runs it (an elastic group's size changes; data/epoch_plan.py
 split_rows), and `train.precision=auto` is timed on rank 0's device (train/precision.py).
 """
 

@@ -64,10 +64,12 @@ IGNORED_KEYS = (
     "train.lower_cpus_to_fit",
     "train.stall_timeout_s",
     "train.elastic_resize_interval_s",
-    "data.tokenize_in",  # the same token ids either way (tests/data/test_tokenize.py)
     "data.tokenize_batch_rows",
-    "data.token_cache",  # the same ids, read from shards (tests/data/test_token_cache.py)
     "data.token_cache_dir",
+    # Removed keys (config.py REMOVED_KEYS) that never changed the ids trained: ignored so a
+    # checkpoint whose training_config.json still holds them is the same run.
+    "data.tokenize_in",
+    "data.token_cache",
     "eval.batch_size",
     "eval.test_after_training",
 )
@@ -87,7 +89,7 @@ def _ignored(key: str) -> bool:
 def identity(config_tree: dict) -> dict:
     """The settings that define a run: the flattened config without IGNORED_KEYS, with the
     global batch in place of how it is split (`train.num_workers` × `train.batch_size`): the
-    batches trained are the same for any group size (data/global_batches.py), so a run resumed
+    batches trained are the same for any group size (data/epoch_plan.py), so a run resumed
     or resized onto another number of workers is the same run."""
     flat = flatten(config_tree)
     workers = flat.pop("train.num_workers", None)

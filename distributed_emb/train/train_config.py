@@ -34,7 +34,7 @@ class DeepSpeedConfig:
 class TrainLoopConfig:
     # Ray Train's elastic worker groups. The global batch G stays `batch_size × max` whatever the
     # group's size W, which need not divide it: the first G % W workers take ⌈G/W⌉ rows, the
-    # others ⌊G/W⌋ (data/global_batches.py split_rows), and the loss is weighted so training
+    # others ⌊G/W⌋ (data/epoch_plan.py split_rows), and the loss is weighted so training
     # equals one process on all G rows (train/step.py rank_weight). A worker's memory is bounded
     # by the ⌈G/min⌉ rows it holds in the smallest group; GradCache (train.mini_batch_size) caps
     # the activation memory at one mini-batch's whatever the slice (only the (B, d) cached
@@ -205,7 +205,7 @@ class TrainLoopConfig:
 
 def validate_worker_counts(t: TrainLoopConfig) -> None:
     """`train.num_workers`: a count, or [min, max]; any size in the range trains the global batch
-    (its workers take ⌊G/W⌋ or ⌈G/W⌉ rows: data/global_batches.py split_rows)."""
+    (its workers take ⌊G/W⌋ or ⌈G/W⌉ rows: data/epoch_plan.py split_rows)."""
     if not t.elastic:
         require_range(t.num_workers, "train.num_workers", 1)
         return

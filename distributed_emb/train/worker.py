@@ -26,12 +26,11 @@ from transformers import AutoTokenizer
 
 from distributed_emb import distributed, storage
 from distributed_emb.config import training_config_from_dict
+from distributed_emb.data.batches import TrainedRowLog, numpy_batch
 from distributed_emb.data.collate import ContrastiveCollator
 from distributed_emb.data.data_config import DataConfig
-from distributed_emb.data.epoch_order import DataPosition
-from distributed_emb.data.epoch_stream import TrainedRowLog, numpy_batch
-from distributed_emb.data.global_batches import batch_plan, split_rows
-from distributed_emb.data.rank_batches import open_rank_stream
+from distributed_emb.data.epoch_plan import DataPosition, batch_plan, split_rows
+from distributed_emb.data.rank_batches import RankBatches
 from distributed_emb.data.training_stream import check_same_stream
 from distributed_emb.evaluation.beir import RetrievalSplit, list_splits, read_splits, score_splits
 from distributed_emb.evaluation.eval_config import EvalConfig
@@ -79,15 +78,9 @@ def build_encoder(model: ModelConfig, loss: LossConfig, train: TrainLoopConfig) 
     return encoder
 
 
-def plan_steps(train: TrainLoopConfig, num_rows: int | None) -> int:
-    """Optimizer steps in total (what the learning-rate schedule spans).
-
-    `num_rows` None: the corpus was not counted (a stream with `train.max_steps` set), and the
-    run takes `max_steps` steps unless its epochs run out first."""
-    if num_rows is None:
-        if train.max_steps is None:
-            raise ValueError("an uncounted corpus needs train.max_steps")
-        return train.max_steps
+def plan_steps(train: TrainLoopConfig, num_rows: int) -> int:
+    """Optimizer steps in total (what the learning-rate schedule spans): the epochs of
+    `num_rows` clean rows (the shards' count), at most `train.max_steps`."""
     # The global batch is the same for every group size (elastic groups included), so the
     # schedule is too.
     batches_per_epoch = num_rows // train.global_batch
@@ -167,11 +160,9 @@ class WorkerRun:
         self.row_log = (
             TrainedRowLog(config.output.dir, self.rank) if config.output.row_log else None
         )
-        # The run's one stream of global batches; this rank's slices of them, read by the rank
-        # from indexed shards or served by the run's feeder (data/rank_batches.py). Ray Data's
-        # share of the cluster is what Ray Train's reservation leaves (its
-        # AutoscalingCoordinator), in the feeder as in any process.
-        self.stream = open_rank_stream(
+        # The run's one stream of global batches: this rank's slices of them, read by the rank
+        # itself from the indexed shards (data/rank_batches.py).
+        self.stream = RankBatches(
             loop_config["source"],
             batch_plan(config.data, config.train.global_batch),
             self.rank,
@@ -333,8 +324,7 @@ class WorkerRun:
                 "batch"
             )
         if state.history and state.history[-1].get("step") != state.step:
-            # The corpus ran out before total_steps (an uncounted stream): the last step is
-            # final.
+            # The epochs ran out before total_steps: the last step is final.
             if self.rank == 0:
                 log.warning(
                     "the corpus ended after %d of %d planned steps", state.step, self.total_steps

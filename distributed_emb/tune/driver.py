@@ -36,11 +36,8 @@ from ray.tune.search import BasicVariantGenerator
 
 from distributed_emb.checks import ConfigError
 from distributed_emb.config import TrainingConfig, from_dict, to_dict
-from distributed_emb.data.corpus import collect_report, start_drop_counter
-from distributed_emb.data.rank_batches import IndexedSource
-from distributed_emb.data.stream import BlockSource, training_dataset
-from distributed_emb.data.token_cache import searched_key_settings, token_shards
-from distributed_emb.data.training_stream import TrainingStream
+from distributed_emb.data.token_cache import searched_key_settings
+from distributed_emb.data.training_stream import TrainingStream, training_stream
 from distributed_emb.resource_plan import (
     ClusterShape,
     PlanError,
@@ -203,12 +200,13 @@ def run_trial(
     params: dict[str, Any],
     *,
     base: dict,
-    stream: TrainingStream,
+    stream: TrainingStream | None,
     name: str,
     worker_cpus: float | None = None,
 ) -> None:
     """One Tune trial: the base config with this trial's values, trained by the job's own
-    TorchTrainer; every evaluation reaches Tune through TuneReportCallback."""
+    TorchTrainer; every evaluation reaches Tune through TuneReportCallback. `stream` None: the
+    trial's own token shards (the search varies what the ids depend on)."""
     config = apply_params(from_dict(TrainingConfig, base), params)
     # A stable name (no timestamp): a retried or resumed trial finds its own Train run in
     # storage and continues from its last checkpoint.
@@ -220,6 +218,8 @@ def run_trial(
         Path(config.output.dir) / "ray_results"
     )
     config.output.dir = str(Path(config.output.dir) / TRIALS_DIR / run_name)
+    if stream is None:
+        stream = training_stream(config.data, config.stream_settings())
     trainer = build_trainer(
         config,
         stream,
@@ -264,10 +264,10 @@ def build_searcher(config: SearchJobConfig, max_concurrent: int):
 
 
 def make_trainable(
-    base: TrainingConfig, stream: TrainingStream, paths: SearchPaths, worker_cpus=None
+    base: TrainingConfig, stream: TrainingStream | None, paths: SearchPaths, worker_cpus=None
 ):
-    """run_trial with the base config, the shared stream and the plan's worker reservation
-    bound, its driver on DRIVER_RESOURCES."""
+    """run_trial with the base config, the shared stream (None: each trial's own) and the
+    plan's worker reservation bound, its driver on DRIVER_RESOURCES."""
     trial_base = to_dict(base)
     trial_base["output"]["dir"] = str(paths.output)  # Train storage: <output>/ray_results
     trainable = ray_tune.with_parameters(
@@ -382,35 +382,20 @@ def run_search(config: SearchJobConfig, resume: bool = False) -> SearchRun:
         max_concurrent,
     )
 
-    # Tokenised once for all trials (data/token_cache.py), unless the search varies a setting
-    # the token ids depend on. Blocks in the object store: trials run no read tasks.
+    # Tokenised once into indexed shards that every trial's ranks read (data/token_cache.py),
+    # unless the search varies a setting the token ids depend on: then each trial builds (or
+    # reuses) the shards of its own settings, and the base's give the count and drop report.
+    stream = training_stream(base.data, base.stream_settings())
     varied = searched_key_settings(space)
     if varied:
-        log.info("token cache off: the search varies %s", ", ".join(varied))
-    shards = None if varied else token_shards(base.data, base.stream_settings(), search=True)
-    if shards is not None:
-        # Every trial's ranks read their own rows from the shards (data/rank_batches.py).
-        stream = TrainingStream(
-            IndexedSource(shards.index), shards.rows, pretokenised=True, report=shards.report
-        )
-    else:
-        counter = start_drop_counter()
-        dataset = training_dataset(base.data, counter).materialize()
-        report = collect_report(counter)  # complete: every block has been read
-        num_rows = dataset.count()
-        if base.data.max_rows is not None:
-            num_rows = min(num_rows, base.data.max_rows)
-        # Each trial's feeder reads these blocks in its epochs' order (data/stream.py).
-        stream = TrainingStream(
-            BlockSource.of(dataset), num_rows, pretokenised=False, report=report
-        )
+        log.info("each trial reads its own token shards: the search varies %s", ", ".join(varied))
     num_rows, report = stream.rows, stream.report
     corpus_load_s = time.time() - started
     log.info("%s (read once for all trials, %.1f s)", report.summary(), corpus_load_s)
     check_batches_fit(base, space, num_rows)
     log.info("searching %s", ", ".join(f"{k} {d.describe()}" for k, d in space.items()))
 
-    trainable = make_trainable(base, stream, paths, worker_cpus)
+    trainable = make_trainable(base, None if varied else stream, paths, worker_cpus)
     if resume:
         tuner = ray_tune.Tuner.restore(
             paths.experiment, trainable=trainable, resume_unfinished=True, resume_errored=False

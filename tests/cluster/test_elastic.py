@@ -21,8 +21,8 @@ workers never share a node. The job asks for `train.num_workers=[1, 2]`:
 
 Every step trains the same global batch of 16 rows whatever the group's size, and the row log
 shows that the surviving steps trained exactly the epoch's global batches in order (the
-single-process reference of data/global_batches.py): no row twice, none skipped. The exported
-model is read back from the bucket by a process that never joined the cluster.
+single-process reference, tests/harness/epoch_reference.py): no row twice, none skipped. The
+exported model is read back from the bucket by a process that never joined the cluster.
 """
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ class GroupWatcher(threading.Thread):
         nodes = sorted({actor["node_id"] for actor in with_rank})
         if len(nodes) < 2:
             return
-        # Either node will do: rank 0's loss also takes the feeder, which the new group
-        # restarts from the checkpoint's position. Kill the newer one (the grown node).
+        # Either node will do: each rank reads its own rows from the token shards, and the
+        # new group restarts from the checkpoint's position. Kill the newer one (the grown
+        # node).
         self.killed = kill_node(self.cluster, nodes[-1])
         self.timeline.add(f"killed node {nodes[-1][-5:]} ({len(self.killed)} processes)")
 
@@ -281,7 +282,7 @@ def test_the_group_grows_with_the_autoscaler_shrinks_on_node_loss_and_trains_eve
 
 def expected_batches(corpus: Path, model_path: str, overrides: list[str]) -> list[list[int]]:
     """The epoch's global batches for the job's config, read in this process."""
-    from harness.feeder import reference_batches
+    from harness.epoch_reference import reference_batches
     from harness.tiny_run import TINY_YAML
 
     from distributed_emb.config import TrainingConfig, load_config

@@ -175,8 +175,8 @@ def test_annotation_node_lost_mid_run_mines_the_same_pairs(cluster, tmp_path, ti
         AnnotationConfig,
         annotate_documents,
         annotate_documents_locally,
-        spread_keys,
     )
+    from distributed_emb.infocse.annotation_tables import spread_keys
     from distributed_emb.infocse.idc import IDCConfig
     from distributed_emb.infocse.pairs import read_pairs
 
@@ -273,7 +273,7 @@ def _trial_worker_nodes(cluster) -> dict[str, object]:
 def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen: dict):
     """Once both trials train on different nodes and one of them has a checkpoint after step
     0, remove that trial's node; note whether a trial driver or Train controller was on it,
-    which actors it held and where each run's feeder was."""
+    which actors it held and where any actor of the data path was."""
     while not stop.is_set():
         states = _trainer_states(s3, bucket)
         workers = _trial_worker_nodes(cluster)
@@ -296,7 +296,7 @@ def _lose_a_trial_node(cluster, s3, bucket: str, timeline: Timeline, stop, seen:
         lost_at=states[ready[0]][-1]["step"],
         only_workers=victim.node_id not in drivers,
         actors_on_it=sorted(a.class_name for a in alive if a.node_id == victim.node_id),
-        feeder_nodes=sorted(a.node_id for a in alive if "GlobalBatchFeeder" in a.class_name),
+        data_actor_nodes=sorted(a.node_id for a in alive if "DropCounter" in a.class_name),
         rank0_nodes=sorted(node.node_id for node in workers.values()),
     )
     cluster.remove_node(victim)
@@ -357,11 +357,10 @@ def test_tune_node_lost_mid_search_resumes_only_the_trial_on_it(
 
     assert "lost_run" in seen, f"the search ended before a node was lost:\n{timeline}"
     assert seen["worker_nodes"] == 2, f"the trials shared a node: {seen}"
-    # The search's trials read its prepared corpus (the token cache's indexed shards): every
-    # rank reads its own rows and no run has a feeder, so a lost node takes nothing of another
-    # run. (A streamed corpus's feeder sits on its rank 0's node: hard affinity,
-    # data/global_batches.py RankStream.connect.)
-    assert seen["feeder_nodes"] == [], seen
+    # The search's trials read its token shards, built before any trial started: every rank
+    # reads its own rows and no actor of the data path outlives the build, so a lost node
+    # takes nothing of another run.
+    assert seen["data_actor_nodes"] == [], seen
     assert not search.interrupted
     analysis = ray_tune.ExperimentAnalysis(search.experiment_path)
     assert [t.status for t in analysis.trials] == ["TERMINATED"] * 2

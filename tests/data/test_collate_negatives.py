@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from distributed_emb.data.batches import numpy_batch
 from distributed_emb.data.collate import NEGATIVE_KEYS, ContrastiveCollator
-from distributed_emb.data.epoch_stream import numpy_batch
 from distributed_emb.data.tokenize import tokenize_columns
 
 TEXTS = ["a cat sat", "the river floods every spring", "he plays"]
@@ -63,8 +63,8 @@ def test_without_a_negative_column_there_is_no_negative_block(tokenizer):
 
 @pytest.mark.parametrize("kind", ["sentences", "pairs"])
 def test_token_ids_from_ray_data_give_the_worker_side_batch(tokenizer, minilm_path, kind):
-    """data.tokenize_in=ray_data: tokenize_columns makes `negative__ids` as for every corpus
-    column; padded in the worker they are exactly the worker-side tokenisation, MLM too."""
+    """The shards' build (tokenize_columns) makes `negative__ids` as for every corpus column;
+    padded in the worker they are exactly the tokenisation of the text, MLM too."""
     columns = ["text", "negative"] if kind == "sentences" else ["anchor", "positive", "negative"]
     table = pa.table(dict.fromkeys(columns[:-1], TEXTS) | {"negative": NEGATIVES})
     texts = {name: table.column(name).to_numpy(zero_copy_only=False) for name in columns}

@@ -1,4 +1,4 @@
-"""Length grouping (data/global_batches.py): the same rows, batches of similar length, less
+"""Length grouping (data/epoch_plan.py): the same rows, batches of similar length, less
 padding, in a seeded order."""
 
 import numpy as np
@@ -7,8 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from distributed_emb.data.collate import ContrastiveCollator
-from distributed_emb.data.epoch_order import EpochOrder
-from distributed_emb.data.global_batches import length_groups
+from distributed_emb.data.epoch_plan import EpochOrder, length_groups
 from distributed_emb.paths import shipped_corpus
 
 

@@ -1,8 +1,9 @@
 """A corpus with a hard-negative column (data.negative_column, as jobs/mine_negatives.py writes
-it) through both data paths: read and cleaned like the row's text (a missing or empty negative
-is dropped and counted), keyed into the token cache, and reaching the collator as token ids
-from the cache's indexed shards and from the streamed feeder alike."""
+it): declared once (data/corpus.py row_columns), read and cleaned like the row's text (a
+missing or empty negative is dropped and counted), keyed into the token cache, and reaching
+the collator as token ids from the indexed shards every rank reads."""
 
+import ast
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,14 @@ from transformers import AutoTokenizer
 
 from distributed_emb.checks import ConfigError
 from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.data.batches import numpy_batch
 from distributed_emb.data.collate import NEGATIVE_KEYS, ContrastiveCollator
-from distributed_emb.data.corpus import corpus_columns, read_rows
-from distributed_emb.data.epoch_order import DataPosition, EpochOrder
-from distributed_emb.data.epoch_stream import numpy_batch
-from distributed_emb.data.readers import ROW_ID
-from distributed_emb.data.sources import CorpusError
-from distributed_emb.data.stream import local_epoch_tables, text_source
+from distributed_emb.data.corpus import corpus_columns, corpus_path, read_rows, text_rules
+from distributed_emb.data.epoch_plan import DataPosition, batch_plan
+from distributed_emb.data.readers import DROP, ROW_ID, iter_parsed_blocks
+from distributed_emb.data.sources import CorpusError, resolve_sources
 from distributed_emb.data.token_cache import cache_key, key_id
+from distributed_emb.data.tokenize import tokenize_arguments
 from distributed_emb.paths import shipped_corpus
 
 ROWS = 40
@@ -109,12 +110,44 @@ def test_the_token_cache_key_changes_with_the_negative_column(tmp_path, tiny_ber
     assert key("data.negative_column=null") != with_negatives
 
 
+def test_a_row_column_is_declared_in_one_place(tmp_path, tiny_bert_path):
+    """Everything in the data path that handles a row's texts takes them from
+    data/corpus.py `row_columns`: adding a column (as the mined `negative` was) is one change
+    there, beside its setting in data/data_config.py."""
+    config = _config(_corpus(tmp_path), tiny_bert_path, tmp_path)
+    declared = corpus_columns(config.data)
+    assert declared == ["text", "negative"]
+    settings = config.stream_settings()
+    collator = ContrastiveCollator(
+        AutoTokenizer.from_pretrained(tiny_bert_path), MAX_LEN, negative_column="negative"
+    )
+    users = {
+        "the reading and cleaning rules": text_rules(config.data).columns,
+        "the token cache's key": cache_key(config.data, settings)["cleaning"]["columns"],
+        "the tokenising stage": tokenize_arguments(config.data, settings)["fn_kwargs"]["columns"],
+        "the length for grouping": list(batch_plan(config.data, 8).length_columns),
+        "the collator": collator.columns,
+    }
+    assert all(columns == declared for columns in users.values()), users
+    # And no other module of data/ reads the setting itself.
+    package = Path(__file__).resolve().parents[2] / "distributed_emb" / "data"
+    readers = sorted(
+        path.name
+        for path in package.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "negative_column"
+    )
+    assert set(readers) <= {"data_config.py", "corpus.py", "collate.py"}, readers
+
+
 def _texts_by_row_id(config) -> dict[int, tuple[str, str]]:
     """The clean rows in this process (no Ray): {row id: (text, negative)}."""
-    source = text_source(config.data, counter=None)
-    tables = local_epoch_tables(source, EpochOrder(None, 0), DataPosition())
+    files = resolve_sources(corpus_path(config.data))
     return {
-        row[ROW_ID]: (row["text"], row["negative"]) for table in tables for row in table.to_pylist()
+        row[ROW_ID]: (row["text"], row["negative"])
+        for block in iter_parsed_blocks(files, text_rules(config.data))
+        for row in block.to_pylist()
+        if row[DROP] == ""
     }
 
 
@@ -142,28 +175,19 @@ def _assert_collates_as_text(tables, texts: dict, model_path: str) -> int:
 
 
 @pytest.mark.ray
-def test_negatives_reach_the_collator_from_the_cache_and_the_feeder(
-    ray_local, tmp_path, tiny_bert_path
-):
-    from harness.feeder import served_batches
-
-    from distributed_emb.data.corpus import collect_report, start_drop_counter
-    from distributed_emb.data.global_batches import batch_plan
+def test_negatives_reach_the_collator_from_the_shards(ray_local, tmp_path, tiny_bert_path):
     from distributed_emb.data.indexed_shards import LENGTH, ShardReader
     from distributed_emb.data.rank_batches import IndexedSource, RankBatches
     from distributed_emb.data.token_cache import token_shards
-    from distributed_emb.data.tokenize import tokenize_stage
 
     corpus = _corpus(tmp_path)
-    config = _config(
-        corpus, tiny_bert_path, tmp_path, "data.token_cache=on", "data.tokenize_in=ray_data"
-    )
+    config = _config(corpus, tiny_bert_path, tmp_path)
     texts = _texts_by_row_id(config)
     assert len(texts) == ROWS - 2
     plan = batch_plan(config.data, global_batch=8)
 
-    # The token cache's indexed shards: the negatives tokenised beside the text, and a row's
-    # length for grouping is its longest text.
+    # The indexed shards: the negatives cleaned (dropped and counted) and tokenised beside the
+    # text, and a row's length for grouping is its longest text.
     shards = token_shards(config.data, config.stream_settings())
     assert shards.rows == ROWS - 2 and shards.report.dropped == {"empty": 2}
     stored = ShardReader(shards.index).take(np.arange(shards.rows)).to_pylist()
@@ -171,15 +195,8 @@ def test_negatives_reach_the_collator_from_the_cache_and_the_feeder(
         row[LENGTH] == max(len(row["text__ids"]), len(row["negative__ids"])) for row in stored
     )
     assert any(len(row["negative__ids"]) > len(row["text__ids"]) for row in stored)
-    rank = RankBatches(IndexedSource(shards.index), plan, rank=1, world_size=2)
-    slices = [table for table, _ in rank.epoch(DataPosition())]
-    assert _assert_collates_as_text(slices, texts, tiny_bert_path) == 4 * ((ROWS - 2) // 8)
-
-    # The streamed path: cleaned and tokenised by Ray Data, cut by the run's feeder.
-    counter = start_drop_counter()
-    stage = tokenize_stage(config.data, config.stream_settings())
-    assert stage is not None
-    source = text_source(config.data, counter, [stage])
-    served = [batch for batch, _ in served_batches(source, plan, 2, DataPosition())]
-    assert _assert_collates_as_text(served, texts, tiny_bert_path) == 8 * ((ROWS - 2) // 8)
-    assert collect_report(counter).dropped == {"empty": 2}
+    # Both ranks of 2: each slice collates to what the text makes, negatives included.
+    for rank in (0, 1):
+        reader = RankBatches(IndexedSource(shards.index), plan, rank=rank, world_size=2)
+        slices = [table for table, _ in reader.epoch(DataPosition())]
+        assert _assert_collates_as_text(slices, texts, tiny_bert_path) == 4 * ((ROWS - 2) // 8)

@@ -1,6 +1,6 @@
-"""Object storage for real, on loopback: the corpus is read from an S3 bucket as shards, Ray
-Train keeps its checkpoints there, and the exported model lands beside them, readable by a
-process that was never part of the cluster."""
+"""Object storage for real, on loopback: the corpus is read from an S3 bucket as shards, its
+token shards are built and committed there, Ray Train keeps its checkpoints there, and the
+exported model lands beside them, readable by a process that was never part of the cluster."""
 
 import gzip
 import json
@@ -48,7 +48,6 @@ def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
         "eval.eval_steps=2",
         f"output.storage_path={bucket}/runs",
         "output.run_name=s3-run",
-        "data.tokenize_in=ray_data",  # token ids made by a Ray Data stage
     )
     metrics = run_training(config).metrics
 
@@ -58,6 +57,9 @@ def test_training_reads_and_writes_s3(s3, ray_local, tmp_path, tiny_bert_path):
     assert any("/checkpoint_" in key for key in keys)
     assert "runs/s3-run/model/modules.json" in keys and "runs/s3-run/metrics.json" in keys
     assert metrics["model_uri"] == f"{bucket}/runs/s3-run/model"
+    # The run trained from token shards it built on the storage path (the one data path).
+    cache = s3.keys("distributed-emb-test", "runs/token_cache/")
+    assert any(key.endswith("/COMMIT.json") for key in cache), cache
 
     # A fresh interpreter, outside Ray, fetches the model from the bucket and loads it.
     script = f"""
@@ -93,7 +95,6 @@ def test_shards_on_object_storage_are_committed_and_reused(s3, ray_local, tmp_pa
         [
             f"model.path={tiny_bert_path}",
             f"data.path={corpus}",
-            "data.token_cache=on",
             f"data.token_cache_dir={bucket}/cache",
         ],
     )

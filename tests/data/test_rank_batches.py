@@ -1,15 +1,18 @@
-"""Ranks reading their own rows from indexed shards (data/rank_batches.py, data/indexed_shards.py):
-the same global batches for any W, divisor of G or not, across a resize mid-epoch, with length
-grouping, past many read chunks; each row read once by the rank that trains it; a resume deep in
-a shard; a position refused on a changed index. No Ray: the shards are written here."""
+"""Ranks reading their own rows from indexed shards (data/rank_batches.py, data/indexed_shards.py,
+cut as data/epoch_plan.py says): the same global batches for any W, divisor of G or not, across
+a resize mid-epoch, with length grouping, past many read chunks; a position of a few integers
+that resumes the same sequence after any batch; each row read once by the rank that trains it;
+a resume deep in a shard; a position refused on a changed index. No Ray: the shards are written
+here."""
+
+import json
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from distributed_emb.data import rank_batches
-from distributed_emb.data.epoch_order import DataPosition, EpochOrder
-from distributed_emb.data.global_batches import BatchPlan
+from distributed_emb.data.epoch_plan import BatchPlan, DataPosition, EpochOrder, split_rows
 from distributed_emb.data.indexed_shards import (
     LENGTH,
     ShardIndex,
@@ -88,6 +91,28 @@ def _reference(source, plan, epoch=0) -> list[np.ndarray]:
     return batches
 
 
+def test_split_rows_cuts_any_global_batch_as_array_split_does():
+    for global_batch in range(1, 41):
+        for world in range(1, global_batch + 1):
+            spans = [split_rows(global_batch, world, rank) for rank in range(world)]
+            sizes = [stop - start for start, stop in spans]
+            assert sum(sizes) == global_batch
+            assert max(sizes) - min(sizes) <= 1
+            assert spans[0][0] == 0 and spans[-1][1] == global_batch
+            assert all(spans[r][1] == spans[r + 1][0] for r in range(world - 1))  # contiguous
+            expected = [len(part) for part in np.array_split(np.arange(global_batch), world)]
+            assert sizes == expected, (global_batch, world)  # the first G % W take one more
+    assert [split_rows(12, 5, rank) for rank in range(5)] == [
+        (0, 3),
+        (3, 6),
+        (6, 8),
+        (8, 10),
+        (10, 12),
+    ]
+    with pytest.raises(ValueError, match="rank 5 is not one of 5 ranks"):
+        split_rows(12, 5, 5)
+
+
 def test_the_order_is_a_permutation_read_from_the_shards(source):
     order = source.order(5, 0).rows(0, source.index.rows)
     assert sorted(order) == list(range(400))
@@ -105,6 +130,44 @@ def test_any_world_size_trains_the_reference_batches(source, length_group):
     for world in (1, 2, 3, 5):  # 5 does not divide 12: ranks take 3, 3, 2, 2, 2 rows
         got = _epoch(source, plan, world)
         assert [list(rows) for rows, _ in got] == [list(b) for b in expected], world
+
+
+@pytest.mark.parametrize("length_group", [1, 3])
+def test_a_position_resumes_the_same_sequence_after_any_batch(source, length_group):
+    plan = BatchPlan(global_batch=12, seed=7, length_group=length_group)
+    epoch = _epoch(source, plan, 1, DataPosition(epoch=1))
+    ids = np.concatenate([rows for rows, _ in epoch])
+    assert len(ids) == len(set(ids.tolist()))  # no row twice in an epoch
+    # Every row but the last partial global batch is trained.
+    assert sum(SHARD_SIZES) - len(ids) < plan.global_batch
+    for k in range(len(epoch) - 1):  # resumed after every batch: the same rest of the epoch
+        resumed = _epoch(source, plan, 1, epoch[k][1])
+        assert [list(r) for r, _ in resumed] == [list(r) for r, _ in epoch[k + 1 :]], k
+        assert [p for _, p in resumed] == [p for _, p in epoch[k + 1 :]], k
+    other_epoch = _epoch(source, plan, 1, DataPosition(epoch=2))
+    assert [list(r) for r, _ in other_epoch] != [list(r) for r, _ in epoch]
+
+
+def test_positions_are_a_few_integers(source):
+    plan = BatchPlan(global_batch=12, seed=7, length_group=3)
+    for _, position in _epoch(source, plan, 2):
+        assert set(position.as_dict()) == {"epoch", "rows", "pool_batches"}
+        assert len(json.dumps(position.as_dict())) < 100
+        assert DataPosition.from_dict(position.as_dict()) == position
+    # A checkpoint written before there was one data path also holds `block` and `offset`.
+    old = {"epoch": 1, "block": 0, "offset": 0, "rows": 24, "pool_batches": 1}
+    assert DataPosition.from_dict(old) == DataPosition(1, rows=24, pool_batches=1)
+
+
+def test_length_grouped_pools_hold_the_rows_of_the_plain_cut(source):
+    plain = _epoch(source, BatchPlan(global_batch=12, seed=7), 1)
+    grouped = _epoch(source, BatchPlan(global_batch=12, seed=7, length_group=3), 1)
+    # The same rows in each pool of 3 global batches, regrouped by length.
+    for pool in range(len(grouped) // 3):
+        plain_rows = sorted(r for rows, _ in plain[3 * pool : 3 * pool + 3] for r in rows)
+        assert plain_rows == sorted(r for rows, _ in grouped[3 * pool : 3 * pool + 3] for r in rows)
+    widths = [np.ptp((rows * 7919) % 31 + 1) for rows, _ in grouped]
+    assert np.mean(widths) < np.mean([np.ptp((rows * 7919) % 31 + 1) for rows, _ in plain])
 
 
 def test_a_group_resized_mid_epoch_trains_exactly_the_rest(source, monkeypatch):
@@ -145,8 +208,8 @@ def test_a_position_on_a_changed_index_is_refused(tmp_path):
     plan = BatchPlan(global_batch=12, seed=0)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    before = TrainingStream(IndexedSource(_write_shards(tmp_path / "a")), 400, True)
-    after = TrainingStream(IndexedSource(_write_shards(tmp_path / "b", (200, 200))), 400, True)
+    before = TrainingStream(IndexedSource(_write_shards(tmp_path / "a")), 400)
+    after = TrainingStream(IndexedSource(_write_shards(tmp_path / "b", (200, 200))), 400)
     check_same_stream(before.identity(plan), before.identity(plan), "checkpoint x")  # same: fine
     with pytest.raises(StreamChangedError, match=r"checkpoint x: .*rows 'indexed:"):
         check_same_stream(before.identity(plan), after.identity(plan), "checkpoint x")

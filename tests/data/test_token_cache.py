@@ -1,6 +1,7 @@
-"""Tokenised shards (data/token_cache.py): equal to the collator's ids, keyed so that a different
-corpus, tokenizer or maximum length never reuses them, committed atomically, and read back by a
-restarted worker and by a resumed run."""
+"""Tokenised shards (data/token_cache.py), the one form every corpus is trained from: equal to the
+collator's ids, each line read once by the build, keyed so that a different corpus, tokenizer or
+maximum length never reuses them, committed atomically, and read back by a restarted worker and
+by a resumed run. The keys that chose another data path are refused, saying why."""
 
 import json
 import os
@@ -13,11 +14,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from distributed_emb.config import TrainingConfig, load_config
+from distributed_emb.checks import ConfigError
+from distributed_emb.config import TrainingConfig, from_dict, load_config
 from distributed_emb.data import token_cache
+from distributed_emb.data.batches import numpy_batch
 from distributed_emb.data.collate import ContrastiveCollator
-from distributed_emb.data.epoch_stream import numpy_batch
-from distributed_emb.data.indexed_shards import LENGTH
+from distributed_emb.data.indexed_shards import LENGTH, ShardReader
 from distributed_emb.data.readers import ROW_ID, DropReport
 from distributed_emb.data.token_cache import (
     COMMIT_FILE,
@@ -25,7 +27,6 @@ from distributed_emb.data.token_cache import (
     cache_key,
     key_id,
     searched_key_settings,
-    token_cache_enabled,
     token_shards,
 )
 from distributed_emb.paths import shipped_corpus
@@ -48,7 +49,6 @@ def _config(corpus: Path, tokenizer: str, cache: Path, *overrides: str) -> Train
             f"model.path={tokenizer}",
             f"model.max_seq_length={MAX_LEN}",
             f"data.path={corpus}",
-            "data.token_cache=on",
             f"data.token_cache_dir={cache}",
             *overrides,
         ],
@@ -96,17 +96,15 @@ def test_the_key_changes_with_max_length_tokenizer_and_corpus(tmp_path, tiny_ber
     assert _key(_config(corpus, tokenizer_dir, tmp_path / "c")) != retokenised
 
 
-def test_auto_turns_on_where_tokenising_once_pays(tmp_path):
-    def enabled(*overrides, search=False):
-        config = load_config(TrainingConfig, None, list(overrides))
-        return token_cache_enabled(config.data, config.stream_settings(), search=search)
-
-    assert not enabled()  # CPU default: workers tokenise, max_steps-free runs count anyway
-    assert enabled(search=True)  # every Tune trial reads the corpus
-    assert enabled("data.tokenize_in=ray_data")  # whole corpus read: the build replaces counting
-    assert not enabled("data.tokenize_in=ray_data", "train.max_steps=10")  # starts at once
-    assert not enabled("data.token_cache=off", search=True)
-    assert enabled("data.token_cache=on", "train.max_steps=10")
+@pytest.mark.parametrize("key", ["data.token_cache", "data.tokenize_in"])
+@pytest.mark.parametrize("value", ["off", "on", "auto", "worker"])
+def test_the_keys_of_the_removed_data_path_are_refused_saying_why(key, value):
+    with pytest.raises(ConfigError, match=rf"^{key} was removed: .*every corpus is now read once "
+                       r"into indexed token shards .*delete the key"):  # fmt: skip
+        load_config(TrainingConfig, None, [f"{key}={value}"])
+    tree = {"data": {key.split(".")[1]: value}}
+    with pytest.raises(ConfigError, match=rf"^{key} was removed"):  # a YAML file's key too
+        from_dict(TrainingConfig, tree)
 
 
 def test_a_search_that_varies_what_the_ids_depend_on_does_not_share_one_build():
@@ -131,21 +129,34 @@ def test_a_broken_commit_is_refused_naming_the_file(tmp_path):
 
 
 def _text_by_row_id(config) -> dict[int, str]:
-    """The clean corpus through the uncached Ray path: {row id: text}."""
+    """The clean corpus as the build reads it, before tokenising: {row id: text}."""
     from distributed_emb.data.corpus import start_drop_counter
-    from distributed_emb.data.stream import training_dataset
+    from distributed_emb.data.corpus_dataset import training_dataset
 
     rows = training_dataset(config.data, start_drop_counter()).take_all()
     return {row[ROW_ID]: row["text"] for row in rows}
 
 
 @pytest.mark.ray
-def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert_path):
+def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert_path, monkeypatch):
+    import ray
+
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
     config = _config(corpus, tiny_bert_path, cache)
+    read, original = [], token_cache.collect_report
+
+    def collect_report(counter):  # the build's counter: every line it read, re-reads included
+        read.append(ray.get(counter.rows_read.remote()))
+        return original(counter)
+
+    monkeypatch.setattr(token_cache, "collect_report", collect_report)
     shards = token_shards(config.data, config.stream_settings())
     assert shards.built and shards.rows == 300
     assert shards.report.kept == 300 and shards.report.dropped == {"empty": 2}
+    assert read == [302]  # each line of the corpus read once by the build
+    # In corpus order: a row's place in the shards is its place among the clean lines.
+    in_order = ShardReader(shards.index).take(np.arange(300), columns=[ROW_ID])
+    assert in_order.column(ROW_ID).to_pylist() == sorted(in_order.column(ROW_ID).to_pylist())
     assert len(_data_dirs(cache)) == 1
 
     # Every cached row: the ids and mask the worker-side collator makes from its text.
@@ -202,8 +213,7 @@ def test_a_writer_that_dies_before_its_commit_is_never_reused(
 def test_a_restarted_group_reads_the_rest_of_its_epoch_from_the_shards(
     ray_local, tmp_path, tiny_bert_path
 ):
-    from distributed_emb.data.epoch_order import DataPosition
-    from distributed_emb.data.global_batches import BatchPlan
+    from distributed_emb.data.epoch_plan import BatchPlan, DataPosition
     from distributed_emb.data.rank_batches import IndexedSource, RankBatches
 
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
@@ -221,6 +231,4 @@ def test_a_restarted_group_reads_the_rest_of_its_epoch_from_the_shards(
 
 
 def _all_rows(shards) -> list[dict]:
-    from distributed_emb.data.indexed_shards import ShardReader
-
     return ShardReader(shards.index).take(np.arange(shards.rows)).to_pylist()

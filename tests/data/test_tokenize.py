@@ -1,12 +1,13 @@
-"""Token ids made by the Ray Data stage equal the worker-side tokenizer's, batch for batch."""
+"""Token ids made by the Ray Data stage (the shards' build) equal the tokenizer's on the text,
+batch for batch."""
 
 import pyarrow as pa
 import pytest
 import torch
 from transformers import AutoTokenizer
 
+from distributed_emb.data.batches import NO_TOKEN, numpy_batch
 from distributed_emb.data.collate import ContrastiveCollator
-from distributed_emb.data.epoch_stream import NO_TOKEN, numpy_batch
 from distributed_emb.data.tokenize import TextEncoder, tokenize_columns
 
 TEXTS = ["A short one.", "A much longer sentence that the max length will surely cut.", "Mid."]
@@ -31,7 +32,7 @@ def test_pretokenised_sentences_collate_to_the_same_tensors(tiny_bert_path, mlm)
 
 
 def test_pretokenised_pairs_collate_the_same_and_group_by_token_count(tiny_bert_path):
-    from distributed_emb.data.global_batches import length_of_rows
+    from distributed_emb.data.epoch_plan import length_of_rows
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert_path)
     table = pa.table({"anchor": TEXTS * 2, "positive": TEXTS[::-1] * 2, "doc": ["a", "b", "c"] * 2})

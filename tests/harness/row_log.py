@@ -1,7 +1,7 @@
 """Reading `output.row_log` back: which rows a run trained, step by step, across restarts.
 
 Each rank appends {"attempt", "epoch", "step", "rows"} per micro-batch to
-trained_rows/rank<r>.jsonl (data/epoch_stream.py TrainedRowLog). An attempt that resumed from
+trained_rows/rank<r>.jsonl (data/batches.py TrainedRowLog). An attempt that resumed from
 a checkpoint at step s rolls back every earlier attempt's records after s; what is left is
 what the finished model was trained on.
 """

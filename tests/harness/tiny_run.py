@@ -112,4 +112,4 @@ def unread_stream(rows: int = 64, shards: tuple = (("part-0.arrow", 64),)):
     from distributed_emb.data.rank_batches import IndexedSource
     from distributed_emb.data.training_stream import TrainingStream
 
-    return TrainingStream(IndexedSource(ShardIndex("unread", shards)), rows, pretokenised=True)
+    return TrainingStream(IndexedSource(ShardIndex("unread", shards)), rows)

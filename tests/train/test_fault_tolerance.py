@@ -55,7 +55,7 @@ def _kill_a_worker_after_step(row_logs: Path, step: int, timeline: list, stop):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_worker_killed_mid_run_resumes_and_finishes(ray_local, tmp_path, tiny_bert_path):
-    from harness.feeder import reference_batches
+    from harness.epoch_reference import reference_batches
     from harness.row_log import kept_steps, resumed_from, row_log_records
     from harness.tiny_run import tiny_config, tiny_corpus
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distributed_emb.data.global_batches import split_rows
+from distributed_emb.data.epoch_plan import split_rows
 from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.train.train_config import TrainLoopConfig
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_gathered_gradients import ANCHORS, GROUPS, POSITIVES, TRAIN, WEIGHTS
 
-from distributed_emb.data.global_batches import split_rows
+from distributed_emb.data.epoch_plan import split_rows
 
 ROWS = 11
 NEGATIVES = [

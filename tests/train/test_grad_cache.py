@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from distributed_emb.data.global_batches import split_rows
+from distributed_emb.data.epoch_plan import split_rows
 from distributed_emb.losses.loss_config import LossConfig
 from distributed_emb.train.grad_cache import (
     RandContext,

@@ -58,7 +58,6 @@ def test_a_mined_corpus_trains_end_to_end(ray_local, tiny_bert_path, tmp_path):
         tmp_path / "run",
         "data.negative_column=negative",
         "data.max_rows=null",
-        "data.token_cache=on",
         f"data.token_cache_dir={tmp_path / 'cache'}",
         "train.max_steps=2",
         "eval.eval_steps=2",

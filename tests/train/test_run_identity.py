@@ -118,7 +118,7 @@ def test_a_checkpoint_of_no_known_run_is_refused_naming_what_it_lacks(tmp_path, 
 def test_a_resume_onto_another_stream_is_refused_before_training(tmp_path, no_training):
     """The data settings outside the run identity (the token cache built, rebuilt or removed)
     still decide which rows a position points at: the checkpoint's stream is compared."""
-    from distributed_emb.data.global_batches import batch_plan
+    from distributed_emb.data.epoch_plan import batch_plan
     from distributed_emb.data.training_stream import StreamChangedError
 
     config = _config(tmp_path)
@@ -272,11 +272,11 @@ def test_command_line_flags_set_output_resume(tmp_path, flag, mode):
 
 
 def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
-    from distributed_emb.infocse import rounds
+    from distributed_emb.infocse import round_training
 
     names = []
     monkeypatch.setattr(
-        rounds, "run_training", lambda config, callbacks=None: names.append(config.output)
+        round_training, "run_training", lambda config, callbacks=None: names.append(config.output)
     )
     config = InfoCSEConfig()
     config.output.dir = str(tmp_path / "infocse")
@@ -285,7 +285,9 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
         for stage in ("train", "supervised"):
             out = tmp_path / "infocse" / f"round_{index}" / stage
             name = f"round_{index}-{stage}"
-            rounds._train(rounds._training_config(config, "model", "p", str(out), name))
+            round_training.train_stage(
+                round_training.training_config(config, "model", "p", str(out), name)
+            )
     assert [o.run_name for o in names] == [
         "infocse-round_1-train",
         "infocse-round_1-supervised",
@@ -295,7 +297,7 @@ def test_infocse_rounds_get_their_own_runs(tmp_path, monkeypatch):
     # A round started afresh deletes what an earlier attempt of it left; one whose pairs an
     # earlier attempt committed continues its training.
     assert {o.resume for o in names} == {"overwrite"}
-    continued = rounds._training_config(config, "model", "p", str(out), "r", resume="auto")
+    continued = round_training.training_config(config, "model", "p", str(out), "r", resume="auto")
     assert continued.output.resume == "auto"
 
 

@@ -96,7 +96,6 @@ def search(tmp_path_factory, tiny_bert_path):
                 str(output),
                 f"model.path={tiny_bert_path}",
                 f"data.path={tiny_corpus(work)}",
-                "data.tokenize_in=ray_data",  # the trials share one token cache
                 "ray.num_cpus=2",  # the core count of the machines CI runs on
                 "ray.object_store_memory_mb=512",
             ],
@@ -249,8 +248,8 @@ def test_plots_of_the_search_are_written(search):
 
 
 def test_the_trials_read_one_tokenising_pass(search):
-    """The search's trials share one token-cache build (data.tokenize_in=ray_data): the corpus
-    is tokenised once for the whole search, and the trials' ranks read their rows from it."""
+    """The search's trials share one build of the corpus's token shards: the corpus is
+    tokenised once for the whole search, and the trials' ranks read their rows from it."""
     from distributed_emb.data.indexed_shards import ShardIndex
 
     builds = sorted((search["output"] / "ray_results" / "token_cache").glob("*/data-*"))

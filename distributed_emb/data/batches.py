@@ -1,6 +1,10 @@
-"""What a rank does with its slice of a global batch (data/global_batches.py): Arrow → the
-arrays the collator takes (`numpy_batch`), and `output.row_log`'s record of the rows each rank
-trained.
+"""What a rank does with its slice of a global batch (data/rank_batches.py): Arrow rows of token
+ids → the arrays the collator takes (`numpy_batch`), and `output.row_log`'s record of the rows
+each rank trained (`TrainedRowLog`).
+
+Here rather than in the collator: both work on the rows as the shards hold them, before any
+tensor exists, and the row log is what tests compare a run's batches with
+(tests/harness/row_log.py).
 """
 
 from __future__ import annotations
