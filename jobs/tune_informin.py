@@ -69,14 +69,18 @@ def check(config: SearchJobConfig) -> None:
 
 
 def run(config: SearchJobConfig) -> int:
+    from distributed_emb.tracking import outputs_on_storage
     from distributed_emb.tune.driver import run_search, search_paths
     from distributed_emb.tune.search_report import format_summary, write_search_report
 
     paths = search_paths(config)
     if not config.tune.resume:
         (paths.output / SAVED_CONFIG).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    search = run_search(config, resume=config.tune.resume)
-    summary = write_search_report(config, search)
+    # With output.storage_path, the search's own log, tables, plots and best model also live
+    # beside its Tune experiment, <storage>/<run name>/ (each trial's logs: driver.run_trial).
+    with outputs_on_storage(config.output.storage_path, paths.name, paths.output):
+        search = run_search(config, resume=config.tune.resume)
+        summary = write_search_report(config, search)
     print(format_summary(summary))
     if search.interrupted:
         print(

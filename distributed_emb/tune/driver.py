@@ -46,6 +46,8 @@ from distributed_emb.resource_plan import (
     compute_plan,
 )
 from distributed_emb.selection import SELECT_METRIC
+from distributed_emb.storage import join, run_uri
+from distributed_emb.tracking import LOGS_DIR
 from distributed_emb.train.driver import build_trainer, train_on_documents, worker_resources
 from distributed_emb.train.worker import plan_steps
 from distributed_emb.tune.janitor import PlacementGroupJanitor
@@ -56,6 +58,7 @@ from distributed_emb.tune.search_space import (
     grid_size,
     param_space,
 )
+from distributed_emb.tune.trial_progress import TrialProgress
 from distributed_emb.watchdog import no_silent_stall
 
 log = logging.getLogger(__name__)
@@ -214,9 +217,11 @@ def run_trial(
     # Trials run side by side: each writes its run.log, train_log.jsonl and tensorboard/ in
     # trials/<run name>/ of the search's output; its Train run stays in the search's storage
     # (<output>/ray_results unless output.storage_path), where tune/results.py reads it.
-    config.output.storage_path = config.output.storage_path or str(
-        Path(config.output.dir) / "ray_results"
-    )
+    # With output.storage_path, rank 0 also keeps them at <storage>/<run name>/logs/ (on a
+    # cluster its node may be gone by the time the search ends).
+    shared = config.output.storage_path
+    stored_logs = join(run_uri(shared, run_name), LOGS_DIR) if shared else None
+    config.output.storage_path = shared or str(Path(config.output.dir) / "ray_results")
     config.output.dir = str(Path(config.output.dir) / TRIALS_DIR / run_name)
     if stream is None:
         stream = training_stream(config.data, config.stream_settings())
@@ -225,6 +230,7 @@ def run_trial(
         stream,
         run_name,
         callbacks=[TuneReportCallback()],
+        stored_logs=stored_logs,
         worker_cpus=trial_worker_cpus(config, worker_cpus),
     )
     trainer.fit()  # raises when the run fails: Tune marks the trial errored (or retries it)
@@ -305,6 +311,7 @@ def new_tuner(config: SearchJobConfig, trainable, max_concurrent: int, paths: Se
             name=paths.name,
             storage_path=paths.storage,
             failure_config=ray_tune.FailureConfig(max_failures=config.tune.max_failures),
+            callbacks=[TrialProgress(config.tune.num_samples * grid_size(config.space()))],
         ),
     )
 

@@ -172,3 +172,36 @@ def test_a_searched_smaller_reservation_is_never_raised_by_the_plan():
     base, _ = _search("train.cpus_per_worker=0.3")
     assert trial_worker_cpus(base, 0.45) == pytest.approx(0.3)
     assert trial_worker_cpus(base, None) is None
+
+
+def test_a_trial_keeps_its_logs_on_the_searchs_storage(monkeypatch, tmp_path):
+    """With output.storage_path, each trial's rank 0 keeps run.log, train_log.jsonl and
+    tensorboard/ at <storage>/<trial's run name>/logs/ (on a cluster its node may be gone when
+    the search ends); without one, its local trials/<run name>/ only."""
+    from types import SimpleNamespace
+
+    from distributed_emb.config import TrainingConfig, load_config, to_dict
+    from distributed_emb.tune import driver
+
+    started = []
+
+    def fake_build_trainer(config, stream, run_name, **options):
+        started.append((run_name, options["stored_logs"], config.output.dir))
+        raise RuntimeError("stop before training")
+
+    monkeypatch.setattr(driver, "build_trainer", fake_build_trainer)
+    monkeypatch.setattr(driver, "TuneReportCallback", lambda: None)  # needs a Tune session
+    monkeypatch.setattr(
+        driver.ray_tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "t1")
+    )
+    for storage in ("s3://bucket/runs", None):
+        overrides = [f"output.dir={tmp_path}"]
+        if storage:
+            overrides.append(f"output.storage_path={storage}")
+        base = to_dict(load_config(TrainingConfig, None, overrides))
+        with pytest.raises(RuntimeError, match="stop before training"):
+            driver.run_trial({}, base=base, stream=object(), name="search")
+    assert started == [
+        ("search-t1", "s3://bucket/runs/search-t1/logs", f"{tmp_path}/trials/search-t1"),
+        ("search-t1", None, f"{tmp_path}/trials/search-t1"),
+    ]
