@@ -8,6 +8,8 @@ import logging
 import math
 from collections.abc import Iterable
 
+from distributed_emb.progress_report import progress_mode
+
 # runtime.setup_logging's format; rank 0's run.log lines use it too, so the file reads as one.
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -48,12 +50,14 @@ def dedupe_repeated_ray_warnings(loggers: Iterable[str] = REPEATING_RAY_LOGGERS)
 
 
 def quiet_ray_data() -> None:
-    """No Ray Data progress bars in this process (and in the Ray Data executors of datasets
-    built after this call: the context travels with the dataset)."""
+    """Ray Data's progress in this process (and in the Ray Data executors of datasets built
+    after this call: the context travels with the dataset): one bar per pass on a terminal
+    (the token cache's build, annotation, the pools' reads: progress_report's "bar" mode), none
+    elsewhere, where its redrawn bars would be one line each."""
     from ray.data import DataContext  # startup
 
     context = DataContext.get_current()
-    context.enable_progress_bars = False
+    context.enable_progress_bars = progress_mode() == "bar"
     context.enable_operator_progress_bars = False
 
 

@@ -71,6 +71,7 @@ from distributed_emb.data.corpus_dataset import training_dataset
 from distributed_emb.data.readers import ROW_ID, DropReport, TextRows, read_file_blocks, row_id
 from distributed_emb.data.sources import CorpusFiles, resolve_sources
 from distributed_emb.model.embedder import EMBEDDING_COLUMN, Embedder, encoding_pool
+from distributed_emb.progress_report import Progress
 from distributed_emb.storage import is_remote, join
 from distributed_emb.vectors.embed_backend import (
     GRAPHS,
@@ -111,7 +112,6 @@ WRITTEN = "written"
 DIM = "dim"
 NORMALIZED = "normalized"
 PROMPT = "prompt"  # the text put before each row ("" for none)
-PROGRESS_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -481,12 +481,17 @@ def embed_corpus(config: EmbedJobConfig, layout: EmbedLayout | None = None) -> E
             },
         )
         hint = "fix: embed.concurrency, embed.num_cpus_per_actor or the cluster's nodes"
-        with no_silent_stall(embed.stall_timeout_s, hint=hint):
-            progress = _Progress()
+        # The total is known when data.max_rows cut the corpus; otherwise the count and rate.
+        total = None if cut is None else config.data.max_rows
+        with (
+            no_silent_stall(embed.stall_timeout_s, hint=hint),
+            Progress("embed", total, "rows") as progress,
+        ):
             for batch in shards.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for row in batch.to_pylist():
-                    summaries[row[BLOCK]] = row  # a retried block reports the same row
-                progress.show(summaries)
+                    if row[BLOCK] not in summaries:  # a retried block reports the same row
+                        progress.update(row[ROWS])
+                    summaries[row[BLOCK]] = row
         report = collect_report(counter)
     finally:
         ray.kill(counter)
@@ -556,22 +561,3 @@ def _manifest(
         "graph": None if graph is None else graph_reference(config.embed.output_dir, graph),
         "agreement": None if graph is None else graph.agreement,
     }
-
-
-class _Progress:
-    """A line every PROGRESS_EVERY_S: blocks done, rows embedded, the rate."""
-
-    def __init__(self) -> None:
-        self.started = self.last = time.monotonic()
-
-    def show(self, summaries: dict[int, dict]) -> None:
-        now = time.monotonic()
-        if now - self.last < PROGRESS_EVERY_S:
-            return
-        self.last = now
-        written = [s for s in summaries.values() if s[WRITTEN]]
-        rows = sum(s[ROWS] for s in written)
-        log.info(
-            "%d blocks done (%d embedded, %d rows, %.0f rows/s)",
-            len(summaries), len(written), rows, rows / max(now - self.started, 1e-9),
-        )  # fmt: skip

@@ -65,6 +65,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distributed_emb.checks import ConfigError
+from distributed_emb.progress_report import Progress
 from distributed_emb.storage import exists, has_files, join, write_bytes, write_text
 from distributed_emb.vectors.ann_index import read_index_info
 from distributed_emb.vectors.mining_config import MiningConfig
@@ -504,8 +505,14 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
             num_cpus=config.cpus_per_task,
         )
         hint = "fix: cpus_per_task, or the cluster's nodes"
-        with no_silent_stall(config.stall_timeout_s, hint=hint):
-            rows = mined.take_all()
+        with (
+            no_silent_stall(config.stall_timeout_s, hint=hint),
+            Progress("mine", len(numbers), "shards") as progress,
+        ):
+            for batch in mined.iter_batches(batch_size=None, batch_format="numpy"):
+                found = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values())]
+                rows.extend(found)
+                progress.update(len(found))
     per_shard = sorted(
         ({key: _plain(value) for key, value in row.items()} for row in rows),
         key=lambda row: row["shard"],
