@@ -1,6 +1,7 @@
 """Hard-negative mining over embedding outputs, in the vocabulary and order of operations of
-sentence-transformers' `mine_hard_negatives` (range_min, range_max, relative_margin,
-absolute_margin, num_negatives, "top" sampling), for two kinds of input:
+sentence-transformers' `mine_hard_negatives` (range_min, range_max, max_score, min_score,
+relative_margin, absolute_margin, num_negatives, sampling_strategy "top" or "random"), for two
+kinds of input:
 
 - **pairs** (`anchors` set): a labelled (anchor, positive) table, embedded by the embed job as
   two outputs of the same rows: its anchor column (`anchors`, data.text_column=anchor) and its
@@ -15,17 +16,26 @@ absolute_margin, num_negatives, "top" sampling), for two kinds of input:
 For each anchor:
 
 1. window: its nearest corpus entries by the index (or an exact scan, `exact`), across every
-   shard. Pairs: the range_max + p nearest distinct texts, p the most positives an anchor of the
-   shard has (sentence-transformers: of the whole dataset), its positives among them and then
-   dropped; a text the corpus holds in several rows (a positive of several anchors) is one
-   entry, as in sentence-transformers' de-duplicated corpus. Unlabelled: the range_max nearest
-   other rows (the row itself is dropped).
+   shard. Pairs: the range_max + p nearest distinct texts, p the most rows an anchor text has
+   in one shard of the anchors, over all of them (sentence-transformers: the most rows a query
+   has in the dataset; counted before the pass, so the same however the pairs are sharded),
+   its positives among them and then dropped; a text the corpus holds in several rows (a
+   positive of several anchors) is one entry, as in sentence-transformers' de-duplicated
+   corpus. Unlabelled: the range_max nearest other rows (the row itself is dropped). range_max
+   null: derived as sentence-transformers does (MiningConfig.window_max).
 2. filters: drop the anchor's positives (pairs: by text), candidates whose text equals the
-   anchor's, candidates from the anchor's own `document` (document corpora), and candidates
+   anchor's, candidates from the anchor's own `document` (document corpora), candidates scoring
+   above max_score or below min_score (keep min_score ≤ score ≤ max_score), and candidates
    within a margin of the positive score P: relative, keep only score ≤ P − |P| ×
    relative_margin; absolute, keep only score + absolute_margin ≤ P.
-3. window: skip the first `range_min` candidates that pass, and keep the next
-   `num_negatives` ("top" sampling; NV-Retriever's TopK-PercPos with relative_margin 0.05).
+3. sampling: skip the first `range_min` candidates that pass; "top" keeps the next
+   `num_negatives` (NV-Retriever's TopK-PercPos with relative_margin 0.05); "random" keeps
+   `num_negatives` of the passing candidates ranked range_min + 1 … range_max among them (all
+   of them where there are no more), drawn at random, written most similar first. The draw
+   ranks the candidates by a hash of (seed, anchor, candidate) and keeps the lowest: anchor
+   and candidate are row ids (unlabelled) or texts (pairs: the entries of
+   sentence-transformers' de-duplicated queries and corpus), so a rerun, any sharding and any
+   number of tasks give the same negatives for the same candidates.
 
 An anchor text that several rows of one shard share is one query, as sentence-transformers
 de-duplicates its queries: all its positives are dropped, the margins are measured against the
@@ -33,13 +43,15 @@ lowest of their scores, and each of its rows gets the same negatives. The same a
 different shards is mined once per shard, each time dropping only that shard's positives of it
 (pair tables list a query's positives together; the embed job's block_rows cuts the shards).
 
-Differences from sentence-transformers: a candidate with the anchor's own text is never a
+Differences from sentence-transformers: "random" draws from its own generator, not Python's
+`random` (the same rule, other draws); a candidate with the anchor's own text is never a
 negative (sentence-transformers would keep it where the margin lets it through); and for
 unlabelled rows a negative is kept only strictly below the threshold (`<`, where the labelled
 rule, as sentence-transformers, keeps one exactly on it): with margin 0 a copy of the anchor
 (similarity 1.0 under another spelling) is then still refused.
 
-The pass is Ray Data `map_batches` over the anchors' shard files, one task per shard: each task
+The pass is Ray Data `map_batches` over the anchors' shard files, one task per shard (pairs:
+after a first, light one that reads only each anchors' shard's texts, to count p): each task
 reads its shard's rows as anchors (and, for pairs, their positives from `embeddings` by id),
 queries every shard's index in turn (read from OUT, one at a time, merged as a running top-k:
 search.py), reads the candidates' ids, texts and documents from their shards, and writes
@@ -55,9 +67,11 @@ job's outputs, so a prompt role is chosen when each output is embedded, not here
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,6 +147,8 @@ class ShardCounts:
     pairs_without_positive: int = 0
     # Candidates inside the window each filter removed (one candidate may count under several).
     removed_by_margin: int = 0
+    removed_above_max_score: int = 0
+    removed_below_min_score: int = 0
     removed_same_document: int = 0
     removed_same_text: int = 0
 
@@ -199,7 +215,8 @@ def choose_negatives(
     counts: ShardCounts | None = None,
 ) -> np.ndarray:
     """(q, m) bool: which candidates become negatives (steps 1–3 of the module docstring).
-    Candidates must be sorted best first in each row. Adds what each filter removed to
+    Candidates must be sorted best first in each row, and config.range_max set (mine_shard
+    resolves a null one: MiningConfig.window_max). Adds what each filter removed to
     `counts`."""
     ids, scores, texts = candidates.ids, candidates.scores, candidates.texts
     if queries.positives is None:  # unlabelled: the range_max nearest other rows
@@ -214,21 +231,88 @@ def choose_negatives(
         ).reshape(texts.shape)
         window = nearest & ~positive
     margin_ok = margin_keeps(scores, queries.positive_scores, config, queries.positives is None)
+    # As sentence-transformers compares its float32 scores: `scores > max_score` and
+    # `scores < min_score` are removed.
+    scores32 = np.asarray(scores, dtype=np.float32)
+    below_max = np.ones_like(window)
+    if config.max_score is not None:
+        below_max = ~(scores32 > np.float32(config.max_score))
+    above_min = np.ones_like(window)
+    if config.min_score is not None:
+        above_min = ~(scores32 < np.float32(config.min_score))
     other_text = texts != queries.texts[:, None]
     other_document = np.ones_like(window)
     if config.skip_same_document and queries.documents is not None:
         if candidates.documents is not None:
             other_document = candidates.documents != queries.documents[:, None]
-    kept = window & margin_ok & other_text & other_document
+    kept = window & margin_ok & below_max & above_min & other_text & other_document
     passed = np.cumsum(kept, axis=1)  # 1-based rank among those that pass
-    chosen = (
-        kept & (passed > config.range_min) & (passed <= config.range_min + config.num_negatives)
-    )
+    if config.sampling_strategy == "top":
+        last = config.range_min + config.num_negatives
+        chosen = kept & (passed > config.range_min) & (passed <= last)
+    else:
+        allowed = kept & (passed > config.range_min) & (passed <= config.range_max)
+        chosen = draw(allowed, sample_keys(queries, candidates, config.seed), config.num_negatives)
     if counts is not None:
         counts.removed_by_margin += int((window & ~margin_ok).sum())
+        counts.removed_above_max_score += int((window & ~below_max).sum())
+        counts.removed_below_min_score += int((window & ~above_min).sum())
         counts.removed_same_text += int((window & ~other_text).sum())
         counts.removed_same_document += int((window & ~other_document).sum())
     return chosen
+
+
+def draw(allowed: np.ndarray, keys: np.ndarray, k: int) -> np.ndarray:
+    """(q, m) bool: in each row, the k allowed places with the lowest keys (every allowed one
+    where there are no more than k). Keys that are independent uniform draws make it a uniform
+    random k-subset of the allowed."""
+    masked = np.where(allowed, keys, np.iinfo(np.uint64).max)
+    lowest = np.argsort(masked, axis=1, kind="stable")[:, :k]
+    chosen = np.zeros(allowed.shape, dtype=bool)
+    np.put_along_axis(chosen, lowest, True, axis=1)
+    return chosen & allowed
+
+
+def sample_keys(queries: Queries, candidates: Candidates, seed: int) -> np.ndarray:
+    """(q, m) uint64: a hash of (seed, anchor, candidate), each anchor and candidate named by
+    its row id (unlabelled) or its text (pairs), so that the draw depends on neither the
+    sharding nor the order candidates come in."""
+    if queries.positives is None:
+        anchor, candidate = _id_keys(queries.ids), _id_keys(candidates.ids)
+    else:
+        anchor, candidate = _text_keys(queries.texts), _text_keys(candidates.texts)
+    seeded = _mix(anchor ^ _mix(np.full(anchor.shape, seed, dtype=np.uint64)))
+    return _mix(seeded[:, None] ^ candidate)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise (uint64 arithmetic wraps)."""
+    x = np.asarray(x, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _id_keys(ids: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
+
+
+def _text_keys(texts: np.ndarray) -> np.ndarray:
+    """uint64 of each text's 8-byte BLAKE2b (stable across runs and machines); 0 for None."""
+    known: dict[str, int] = {}
+
+    def key(text: str | None) -> int:
+        if text is None:
+            return 0
+        found = known.get(text)
+        if found is None:
+            digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+            found = known[text] = int.from_bytes(digest, "little")
+        return found
+
+    flat = texts.ravel()
+    keys = np.fromiter((key(t) for t in flat), dtype=np.uint64, count=flat.size)
+    return keys.reshape(texts.shape)
 
 
 def find_candidates(
@@ -265,14 +349,22 @@ def find_candidates(
 
 
 def mine_shard(
-    manifest: Manifest, number: int, config: MiningConfig, anchors: Manifest | None = None
+    manifest: Manifest,
+    number: int,
+    config: MiningConfig,
+    anchors: Manifest | None = None,
+    max_positives: int | None = None,
 ) -> tuple[pa.Table, ShardCounts]:
     """The negatives of shard `number`'s anchors (rows of SENTENCES_SCHEMA, or PAIRS_SCHEMA when
     `anchors`, the pairs' anchor output, is given and `number` is its shard), anchor by anchor,
     most similar negative first, and its counts. In this process: the Ray pass runs it per
-    task."""
+    task. Pairs: `max_positives` is p (most_positives; None: counted here, from every anchors'
+    shard)."""
     if anchors is not None:
-        return mine_pair_shard(manifest, anchors, number, config)
+        if max_positives is None:
+            max_positives = most_positives(anchors)
+        return mine_pair_shard(manifest, anchors, number, config, max_positives)
+    config = dataclasses.replace(config, range_max=config.window_max(1))
     rows = read_shard(manifest, number, (ID, EMBEDDING, TEXT, DOCUMENT))
     _require_text(rows, manifest)
     counts = ShardCounts(shard=rows.entry.file, anchors=len(rows.ids))
@@ -303,10 +395,12 @@ def mine_shard(
 
 
 def mine_pair_shard(
-    manifest: Manifest, anchors: Manifest, number: int, config: MiningConfig
+    manifest: Manifest, anchors: Manifest, number: int, config: MiningConfig, max_positives: int
 ) -> tuple[pa.Table, ShardCounts]:
     """Pairs: the negatives of the anchors in shard `number` of `anchors`, searched among the
-    rows of `manifest` (the positives' output); PAIRS_SCHEMA rows, pair by pair."""
+    rows of `manifest` (the positives' output); PAIRS_SCHEMA rows, pair by pair. Each window
+    holds range_max + `max_positives` distinct texts."""
+    config = dataclasses.replace(config, range_max=config.window_max(max_positives))
     rows = read_shard(anchors, number, (ID, EMBEDDING, TEXT, DOCUMENT))
     _require_text(rows, anchors)
     counts = ShardCounts(shard=rows.entry.file, anchors=len(rows.ids))
@@ -334,7 +428,7 @@ def mine_pair_shard(
         documents=None if rows.document is None else rows.document[first_rows],
         positive_scores=lowest,
         positives=positives,
-        window=config.range_max + int(np.bincount(group).max()),
+        window=config.range_max + max(max_positives, int(np.bincount(group).max())),
     )
     candidates = find_candidates(
         manifest, vectors[first_rows], config, k=queries.window, distinct=True
@@ -357,6 +451,22 @@ def mine_pair_shard(
         schema=PAIRS_SCHEMA,
     )
     return table, counts
+
+
+def shard_most_positives(anchors: Manifest, number: int) -> int:
+    """The most rows one anchor text has in shard `number` of the anchors' output (a query's
+    positives are its rows of one shard); 0 for an empty shard."""
+    rows = read_shard(anchors, number, (TEXT,))
+    _require_text(rows, anchors)
+    repeats = Counter(rows.text.tolist()).most_common(1)
+    return repeats[0][1] if repeats else 0
+
+
+def most_positives(anchors: Manifest) -> int:
+    """p of every pairs window: the most rows one anchor text has in a shard, over all of them
+    (at least 1), read in this process (the Ray pass counts it per task: _count_batch)."""
+    counts = [shard_most_positives(anchors, n) for n in range(len(anchors.shards))]
+    return max([1, *counts])
 
 
 def read_positives(manifest: Manifest, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -410,14 +520,18 @@ def output_file(manifest: Manifest, number: int) -> str:
 
 
 def mine_and_write(
-    manifest: Manifest, number: int, config: MiningConfig, anchors: Manifest | None = None
+    manifest: Manifest,
+    number: int,
+    config: MiningConfig,
+    anchors: Manifest | None = None,
+    max_positives: int | None = None,
 ) -> ShardCounts:
     """mine_shard, then its table written whole to output.dir (storage.write_bytes)."""
     import faiss
 
     # The task's CPUs, not every core of a node other tasks share.
     faiss.omp_set_num_threads(max(1, int(config.cpus_per_task)))
-    table, counts = mine_shard(manifest, number, config, anchors)
+    table, counts = mine_shard(manifest, number, config, anchors, max_positives)
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     named_after = manifest if anchors is None else anchors
@@ -474,13 +588,38 @@ def _mine_batch(
     manifest: Manifest,
     config: MiningConfig,
     anchors: Manifest | None = None,
+    max_positives: int | None = None,
 ):
     """map_batches over shard numbers: each shard mined and written; its counts returned."""
     rows = [
-        dataclasses.asdict(mine_and_write(manifest, int(n), config, anchors))
+        dataclasses.asdict(mine_and_write(manifest, int(n), config, anchors, max_positives))
         for n in batch["shard"]
     ]
     return {name: np.array([row[name] for row in rows]) for name in rows[0]}
+
+
+def _count_batch(batch: dict[str, np.ndarray], anchors: Manifest):
+    """map_batches over the anchors' shard numbers: each shard's shard_most_positives."""
+    return {"most": np.array([shard_most_positives(anchors, int(n)) for n in batch["shard"]])}
+
+
+def _ray_most_positives(anchors: Manifest, config: MiningConfig, numbers: list[int]) -> int:
+    """most_positives as a light Ray Data pass (each task reads one shard's texts)."""
+    import ray
+
+    from distributed_emb.watchdog import no_silent_stall
+
+    shards = ray.data.from_items([{"shard": n} for n in numbers], override_num_blocks=len(numbers))
+    counted = shards.map_batches(
+        _count_batch,
+        fn_kwargs={"anchors": anchors},
+        batch_size=1,
+        batch_format="numpy",
+        num_cpus=config.cpus_per_task,
+    )
+    with no_silent_stall(config.stall_timeout_s, hint="fix: cpus_per_task, or the cluster's nodes"):
+        found = [int(row["most"]) for row in counted.iter_rows()]
+    return max([1, *found])
 
 
 def mine_hard_negatives(config: MiningConfig) -> dict:
@@ -492,6 +631,9 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
 
     manifest, anchors = check_inputs(config)
     numbers = list(range(len((manifest if anchors is None else anchors).shards)))
+    max_positives = 1  # unlabelled: the row's own second view
+    if anchors is not None and numbers:
+        max_positives = _ray_most_positives(anchors, config, numbers)
     rows: list[dict] = []
     if numbers:
         shards = ray.data.from_items(
@@ -499,7 +641,12 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
         )
         mined = shards.map_batches(
             _mine_batch,
-            fn_kwargs={"manifest": manifest, "config": config, "anchors": anchors},
+            fn_kwargs={
+                "manifest": manifest,
+                "config": config,
+                "anchors": anchors,
+                "max_positives": max_positives,
+            },
             batch_size=1,
             batch_format="numpy",
             num_cpus=config.cpus_per_task,
@@ -527,17 +674,27 @@ def mine_hard_negatives(config: MiningConfig) -> dict:
         "anchors": config.anchors,  # null: unlabelled
         **totals,
         "settings": {
-            name: getattr(config, name)
-            for name in (
-                "num_negatives",
-                "range_min",
-                "range_max",
-                "relative_margin",
-                "absolute_margin",
-                "skip_same_document",
-                "exact",
-                "ef_search",
-            )
+            **{
+                name: getattr(config, name)
+                for name in (
+                    "num_negatives",
+                    "range_min",
+                    "range_max",
+                    "max_score",
+                    "min_score",
+                    "relative_margin",
+                    "absolute_margin",
+                    "sampling_strategy",
+                    "seed",
+                    "skip_same_document",
+                    "exact",
+                    "ef_search",
+                )
+            },
+            # What the windows used: range_max (derived where it is null), and p, the most
+            # positives an anchor has (unlabelled: 1).
+            "window_range_max": config.window_max(max_positives),
+            "max_positives": max_positives,
         },
         "shards": per_shard,
     }

@@ -1,15 +1,15 @@
 """The settings of hard-negative mining (jobs/mine_negatives.py), declared once.
 
-The window and margins keep sentence-transformers' `mine_hard_negatives` names and meaning
-(range_min, range_max, relative_margin, absolute_margin, num_negatives, the "top" strategy);
-what they do to a labelled pair table (`anchors` set) and to an unlabelled corpus:
-vectors/hard_negatives.py.
+The window, filters and sampling keep sentence-transformers' `mine_hard_negatives` names and
+meaning (range_min, range_max, max_score, min_score, relative_margin, absolute_margin,
+num_negatives, sampling_strategy "top" or "random"); what they do to a labelled pair table
+(`anchors` set) and to an unlabelled corpus: vectors/hard_negatives.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -63,17 +63,38 @@ class MiningConfig:
             "first (sentence-transformers' range_min)",
         ),
     ] = 0
-    # sentence-transformers derives range_max = range_min + 10 · num_negatives when a margin is
-    # set: room for candidates the filters remove.
+    # sentence-transformers derives range_max = range_min + 10 · num_negatives (+ p) when a
+    # margin or max_score is set: room for candidates the filters remove. 30 is that for the
+    # default num_negatives, without p; null derives it as sentence-transformers does.
     range_max: Annotated[
-        int,
+        int | None,
         Field(
             ge=1,
             description="candidates per anchor: its range_max nearest other rows "
             "(pairs: its range_max + p nearest distinct texts, p the most positives an anchor "
-            "has, its own positives then masked; sentence-transformers' range_max)",
+            "has, its own positives then masked; sentence-transformers' range_max); null: "
+            "range_min + num_negatives (× 10 when a margin or max_score is set) + p "
+            "(unlabelled: p = 1), as sentence-transformers derives it",
         ),
     ] = 30
+    max_score: Annotated[
+        float | None,
+        Field(
+            ge=-1,
+            le=1,
+            description="skip candidates whose similarity is above this (> max_score; kept: "
+            "≤), before range_min counts, as sentence-transformers' max_score; null: no cap",
+        ),
+    ] = None
+    min_score: Annotated[
+        float | None,
+        Field(
+            ge=-1,
+            le=1,
+            description="skip candidates whose similarity is below this (< min_score; kept: "
+            "≥), before range_min counts, as sentence-transformers' min_score; null: no floor",
+        ),
+    ] = None
     # 0.05 is NV-Retriever's TopK-PercPos (95%), the setting sentence-transformers recommends.
     relative_margin: Annotated[
         float | None,
@@ -94,6 +115,24 @@ class MiningConfig:
             "positive's (unlabelled: < 1.0); null: no absolute margin",
         ),
     ] = None
+    sampling_strategy: Annotated[
+        Literal["top", "random"],
+        Field(
+            description="top: the num_negatives most similar candidates that pass, after "
+            "range_min; random: num_negatives drawn at random (seeded by `seed`, the anchor and "
+            "each candidate, so independent of sharding) from those that pass, after range_min, "
+            "up to rank range_max among them; written most similar first "
+            "(sentence-transformers' sampling_strategy)",
+        ),
+    ] = "top"
+    seed: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="sampling_strategy random: the seed of every anchor's draw (a rerun "
+            "with the same seed gives the same negatives)",
+        ),
+    ] = 0
     skip_same_document: Annotated[
         bool,
         Field(
@@ -126,7 +165,8 @@ class MiningConfig:
     ray: RayConfig = field(default_factory=RayConfig)
 
     def validate(self) -> None:
-        """What the declarations cannot say: the window holds the negatives asked for."""
+        """What the declarations cannot say: the window holds the negatives asked for, and
+        min_score ≤ max_score."""
         if self.embeddings is None:
             raise ConfigError("embeddings: required: the embedding output directory to mine")
         if self.anchors is not None and self.anchors.rstrip("/") == self.embeddings.rstrip("/"):
@@ -135,14 +175,36 @@ class MiningConfig:
                 "one pair table (its anchor and its positive column); for an unlabelled corpus "
                 "set anchors=null"
             )
-        if self.range_min >= self.range_max:
+        if (
+            self.min_score is not None
+            and self.max_score is not None
+            and self.min_score > self.max_score
+        ):
             raise ConfigError(
-                f"range_min: must be < range_max ({self.range_max}), got {self.range_min}"
+                f"min_score: must be ≤ max_score ({self.max_score}), got {self.min_score}: no "
+                "candidate could pass both"
             )
-        if self.num_negatives > self.range_max - self.range_min:
-            raise ConfigError(
-                f"num_negatives: {self.num_negatives} do not fit the window: only "
-                f"range_max − range_min = {self.range_max - self.range_min} candidates are "
-                "taken; lower num_negatives or range_min, or raise range_max"
-            )
+        if self.range_max is not None:  # null: derived, and then it holds the negatives
+            if self.range_min >= self.range_max:
+                raise ConfigError(
+                    f"range_min: must be < range_max ({self.range_max}), got {self.range_min}"
+                )
+            if self.num_negatives > self.range_max - self.range_min:
+                raise ConfigError(
+                    f"num_negatives: {self.num_negatives} do not fit the window: only "
+                    f"range_max − range_min = {self.range_max - self.range_min} candidates "
+                    "are taken; lower num_negatives or range_min, or raise range_max"
+                )
         validate_ray_config(self.ray)
+
+    def window_max(self, max_positives: int = 1) -> int:
+        """range_max, or where it is null sentence-transformers' derivation: range_min +
+        num_negatives (× 10 when a margin or max_score may remove candidates) + the most
+        positives an anchor has (unlabelled: 1, its own second view)."""
+        if self.range_max is not None:
+            return self.range_max
+        filtered = any(
+            value is not None
+            for value in (self.absolute_margin, self.relative_margin, self.max_score)
+        )
+        return self.range_min + self.num_negatives * (10 if filtered else 1) + max_positives

@@ -4,6 +4,7 @@ pass (jobs/mine_negatives.py end to end), and the inputs refused before Ray star
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -36,27 +37,34 @@ def small_corpus(seed: int = 0):
     return vectors, texts, np.arange(ROWS) // 5
 
 
-def reference_negatives(vectors, ids, texts, documents, config: MiningConfig) -> dict:
+def reference_negatives(
+    vectors, ids, texts, documents, config: MiningConfig, every: bool = False
+) -> dict:
     """{anchor id: [(negative id, score), ...]}: the rules written out one anchor at a time over
-    every score at once. Fails if a score lies within 2e-6 of another in the window or of the
-    margin's threshold: there float32 rounding (≤ 1e-6 for these 8-dim products) could decide
-    the order, and the data, not the code, would have to change."""
+    every score at once ("top"; `every`: all that "random" may draw from, the passing
+    candidates after range_min). Fails if a score lies within 2e-6 of another in the window or
+    of the margin's threshold or max_score: there float32 rounding (≤ 1e-6 for these 8-dim
+    products) could decide the order, and the data, not the code, would have to change."""
     scores = vectors.astype(np.float64) @ vectors.T.astype(np.float64)  # (n, n)
     threshold = 1.0 - config.relative_margin
+    ceiling = np.inf if config.max_score is None else config.max_score
     chosen = {}
     for i in range(len(vectors)):
         order = [j for j in np.argsort(-scores[i], kind="stable") if j != i]
         window = order[: config.range_max]
         near = np.sort(scores[i, order[: config.range_max + 1]])
         assert np.diff(near).min() > 2e-6 and np.abs(near - threshold).min() > 2e-6
+        assert np.abs(near - ceiling).min() > 2e-6
         passing = [
             j
             for j in window
             if scores[i, j] < threshold
+            and scores[i, j] <= ceiling
             and texts[j] != texts[i]
             and not (config.skip_same_document and documents[j] == documents[i])
         ]
-        kept = passing[config.range_min : config.range_min + config.num_negatives]
+        last = config.range_max if every else config.range_min + config.num_negatives
+        kept = passing[config.range_min : last]
         chosen[int(ids[i])] = [(int(ids[j]), float(scores[i, j])) for j in kept]
     return chosen
 
@@ -69,6 +77,7 @@ def reference_negatives(vectors, ids, texts, documents, config: MiningConfig) ->
              skip_same_document=False),
         dict(num_negatives=5, range_min=1, range_max=30, relative_margin=0.3),
         dict(num_negatives=4, range_min=0, range_max=4, relative_margin=0.1),
+        dict(num_negatives=3, range_min=2, range_max=20, relative_margin=0.05, max_score=0.6),
     ],
 )  # fmt: skip
 def test_mined_negatives_are_the_numpy_references(tmp_path, settings):
@@ -92,6 +101,51 @@ def test_mined_negatives_are_the_numpy_references(tmp_path, settings):
         found = mined.get(anchor, [])
         assert [n for n, _ in found] == [n for n, _ in negatives], anchor
         assert np.allclose([s for _, s in found], [s for _, s in negatives], atol=1e-5)
+
+
+def test_random_sampling_draws_from_the_passing_candidates(tmp_path):
+    """sampling_strategy "random" without labels: each anchor's negatives are num_negatives of
+    the candidates "top" would walk past (after range_min, up to range_max; all of them where
+    fewer pass), most similar first; a rerun, 1 shard instead of 3, and so other tasks give the
+    same; another seed other ones; and it counts max_score's removals."""
+    vectors, texts, documents = small_corpus()
+    ids = np.arange(ROWS) * 10 + 7
+    settings = dict(exact=True, num_negatives=3, range_min=1, range_max=15, relative_margin=0.05,
+                    max_score=0.7, sampling_strategy="random", seed=5)  # fmt: skip
+    mined = {}
+    for shards in (3, 1):
+        out = write_embedding_output(
+            tmp_path / str(shards), vectors, texts=texts, documents=documents, shards=shards
+        )
+        manifest = read_manifest(str(out))
+        for seed in (5, 5, 6):
+            config = MiningConfig(embeddings=str(out), **{**settings, "seed": seed})
+            found: dict[int, list] = {}
+            removed = 0
+            for number in range(shards):
+                table, counts = mine_shard(manifest, number, config)
+                removed += counts.removed_above_max_score
+                for row in table.to_pylist():
+                    found.setdefault(row["id"], []).append(
+                        (row["negative_id"], row["negative_score"])
+                    )
+            assert mined.setdefault((shards, seed), found) == found  # the rerun
+            assert removed > 0
+    assert mined[(1, 5)].keys() == mined[(3, 5)].keys()
+    for anchor, negatives in mined[(3, 5)].items():
+        assert [n for n, _ in negatives] == [n for n, _ in mined[(1, 5)][anchor]]
+    assert mined[(3, 6)] != mined[(3, 5)]
+    every = reference_negatives(vectors, ids, texts, documents, config, every=True)
+    top = reference_negatives(vectors, ids, texts, documents, dataclasses.replace(
+        config, sampling_strategy="top"))  # fmt: skip
+    differs = 0
+    for anchor, allowed in every.items():
+        found = mined[(3, 5)].get(anchor, [])
+        assert {n for n, _ in found} <= {n for n, _ in allowed}, anchor
+        assert len(found) == min(3, len(allowed)), anchor
+        assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+        differs += [n for n, _ in found] != [n for n, _ in top[anchor]]
+    assert differs > ROWS // 2
 
 
 def test_the_margin_is_what_removes_near_duplicates(tmp_path):
@@ -201,3 +255,28 @@ def test_a_window_too_small_for_the_negatives_is_refused(indexed_small, tmp_path
         checked_config("mine_negatives", argv)
     config = checked_config("mine_negatives", argv[:3] + ["--num-negatives", "2"] + argv[5:])
     assert (config.num_negatives, config.range_min, config.range_max) == (2, 8, 10)
+    # range_max null: sentence-transformers' derivation, range_min + 10 × num_negatives (a
+    # margin is set) + p, which always holds them; without a margin or max_score, 1 × instead.
+    config = checked_config("mine_negatives", argv[:7] + ["range_max=null"])
+    assert (config.window_max(), config.window_max(3)) == (8 + 50 + 1, 8 + 50 + 3)
+    config = dataclasses.replace(config, relative_margin=None)
+    assert config.window_max(2) == 8 + 5 + 2
+    assert dataclasses.replace(config, max_score=0.9).window_max(2) == 8 + 50 + 2
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--sampling-strategy", "hardest"],
+         r"sampling_strategy: expected one of \['top', 'random'\], got 'hardest'"),
+        (["--max-score", "1.5"], r"max_score: must be in \[-1, 1\] or null, got 1.5"),
+        (["--min-score", "-2"], r"min_score: must be in \[-1, 1\] or null, got -2.0"),
+        (["--min-score", "0.8", "--max-score", "0.5"],
+         r"min_score: must be ≤ max_score \(0.5\), got 0.8"),
+        (["--seed", "-1"], "seed: must be >= 0, got -1"),
+    ],
+)  # fmt: skip
+def test_sampling_and_score_settings_are_checked(indexed_small, tmp_path, flags, error):
+    out, *_ = indexed_small
+    with pytest.raises(ConfigError, match=error):
+        checked_config("mine_negatives", [str(out), "--output", str(tmp_path / "n"), *flags])

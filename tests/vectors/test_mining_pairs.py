@@ -1,11 +1,13 @@
 """Mining labelled (anchor, positive) pairs: against sentence-transformers' own
-`mine_hard_negatives` on real sentence pairs with the packaged MiniLM (the same negatives, ties
-aside), the rules every mined negative obeys after the Ray pass (jobs/mine_negatives.py
---anchors end to end), and its output read by the training data path as pairs with a hard
-negative, and the unlabelled output as sentences with one."""
+`mine_hard_negatives` on real sentence pairs with the packaged MiniLM ("top": the same
+negatives, ties aside; "random": drawn from the candidates its filters allow, as many, the same
+on a rerun and under any sharding), the rules every mined negative obeys after the Ray pass
+(jobs/mine_negatives.py --anchors end to end), and its output read by the training data path as
+pairs with a hard negative, and the unlabelled output as sentences with one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -90,13 +92,15 @@ def minilm_pairs(minilm_path, tmp_path_factory):
 def near_ties(data: dict, config: MiningConfig) -> set[str]:
     """The anchors whose negatives float32 rounding could decide: two of the window's scores
     (range_max + the most positives an anchor has, and one more) within TIE of each other, or
-    a candidate's within TIE of a margin's threshold. Scores in float64, per distinct text."""
+    a candidate's within TIE of a margin's threshold, max_score or min_score. Scores in
+    float64, per distinct text."""
     groups: dict[str, list[str]] = {}
     for anchor, positive in zip(data["anchors"], data["positives"]):
         groups.setdefault(anchor, []).append(positive)
     corpus = list(data["corpus_vectors"])
     vectors = np.stack([data["corpus_vectors"][c] for c in corpus]).astype(np.float64)
-    window = config.range_max + max(len(p) for p in groups.values())
+    most = max(len(p) for p in groups.values())
+    window = config.window_max(most) + most
     ambiguous = set()
     for anchor, own in groups.items():
         scores = vectors @ data["query_vectors"][anchor].astype(np.float64)
@@ -110,6 +114,9 @@ def near_ties(data: dict, config: MiningConfig) -> set[str]:
             tied |= bool((np.abs(candidates - threshold) < TIE).any())
         if config.absolute_margin is not None:
             tied |= bool((np.abs(candidates + config.absolute_margin - positive) < TIE).any())
+        for bound in (config.max_score, config.min_score):
+            if bound is not None:
+                tied |= bool((np.abs(candidates - bound) < TIE).any())
         if tied:
             ambiguous.add(anchor)
     return ambiguous
@@ -125,6 +132,12 @@ def near_ties(data: dict, config: MiningConfig) -> set[str]:
         dict(num_negatives=4, range_min=1, range_max=12, relative_margin=0.3,
              absolute_margin=0.05),
         dict(num_negatives=5, range_min=0, range_max=5, relative_margin=0.0),
+        # range_max null: derived as sentence-transformers does (range_min + 10·2 + p)
+        dict(num_negatives=2, range_min=1, range_max=None, relative_margin=0.05),
+        # max_score before range_min counts; min_score; both with a margin
+        dict(num_negatives=3, range_min=1, range_max=10, relative_margin=None, max_score=0.45),
+        dict(num_negatives=3, range_min=0, range_max=15, relative_margin=0.05, max_score=0.5,
+             min_score=0.2),
     ],
 )  # fmt: skip
 def test_mined_pairs_are_sentence_transformers_negatives(minilm_pairs, settings):
@@ -132,41 +145,13 @@ def test_mined_pairs_are_sentence_transformers_negatives(minilm_pairs, settings)
     mine_hard_negatives with the same settings ("top" sampling, triplets with scores), negative
     by negative in order, and the same positive and negative scores; anchors whose result a
     near-tie decides (near_ties) are left out, and they are few."""
-    from datasets import Dataset
-    from sentence_transformers.util import mine_hard_negatives
-
     data = minilm_pairs
     config = MiningConfig(
         embeddings=str(data["positives_out"]), anchors=str(data["anchors_out"]), exact=True,
         skip_same_document=False, **settings,
     )  # fmt: skip
-    ours: dict[tuple[str, str], list] = {}
-    anchors = read_manifest(config.anchors)
-    positives = read_manifest(config.embeddings)
-    for number in range(len(anchors.shards)):
-        table, counts = mine_shard(positives, number, config, anchors)
-        assert counts.pairs_without_positive == 0
-        for row in table.to_pylist():
-            key = (row["anchor"], row["positive"])
-            ours.setdefault(key, []).append(
-                (row["negative"], row["positive_score"], row["negative_score"])
-            )
-    mined = mine_hard_negatives(
-        Dataset.from_dict({"anchor": data["anchors"], "positive": data["positives"]}),
-        data["model"],
-        anchor_column_name="anchor",
-        positive_column_name="positive",
-        sampling_strategy="top",
-        output_format="triplet",
-        output_scores=True,
-        verbose=False,
-        cache_folder=str(data["cache"]),
-        **settings,
-    )
-    theirs: dict[tuple[str, str], list] = {}
-    for row in mined:
-        key = (row["anchor"], row["positive"])
-        theirs.setdefault(key, []).append((row["negative"], *row["scores"]))
+    ours = mine_pairs(config)
+    theirs = st_negatives(data, sampling_strategy="top", **settings)
     ambiguous = near_ties(data, config)
     assert len(ambiguous) <= 5, sorted(ambiguous)
     assert len(theirs) > 40  # most pairs get negatives: the comparison is not of empty sets
@@ -184,6 +169,130 @@ def test_mined_pairs_are_sentence_transformers_negatives(minilm_pairs, settings)
     if anchor not in ambiguous:
         first, second = ([n for n, *_ in ours.get((anchor, p), [])] for p in sorted(both))
         assert first == second
+
+
+def mine_pairs(config: MiningConfig, anchors_out=None, positives_out=None) -> dict:
+    """{(anchor, positive): [(negative, positive score, negative score), ...]} of every pair,
+    shard by shard in this process (the outputs: config.anchors and config.embeddings)."""
+    anchors = read_manifest(str(anchors_out or config.anchors))
+    positives = read_manifest(str(positives_out or config.embeddings))
+    mined: dict[tuple[str, str], list] = {}
+    for number in range(len(anchors.shards)):
+        table, counts = mine_shard(positives, number, config, anchors)
+        assert counts.pairs_without_positive == 0
+        for row in table.to_pylist():
+            key = (row["anchor"], row["positive"])
+            mined.setdefault(key, []).append(
+                (row["negative"], row["positive_score"], row["negative_score"])
+            )
+    return mined
+
+
+def st_negatives(data: dict, **settings) -> dict:
+    """The same, from sentence-transformers' mine_hard_negatives (triplets with scores)."""
+    from datasets import Dataset
+    from sentence_transformers.util import mine_hard_negatives
+
+    mined = mine_hard_negatives(
+        Dataset.from_dict({"anchor": data["anchors"], "positive": data["positives"]}),
+        data["model"],
+        anchor_column_name="anchor",
+        positive_column_name="positive",
+        output_format="triplet",
+        output_scores=True,
+        verbose=False,
+        cache_folder=str(data["cache"]),
+        **settings,
+    )
+    theirs: dict[tuple[str, str], list] = {}
+    for row in mined:
+        theirs.setdefault((row["anchor"], row["positive"]), []).append(
+            (row["negative"], *row["scores"])
+        )
+    return theirs
+
+
+@pytest.mark.slow  # the packaged MiniLM, run by sentence-transformers
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_negatives=3, range_min=1, range_max=10, relative_margin=0.05, max_score=0.6),
+        dict(num_negatives=4, range_min=0, range_max=12, relative_margin=None,
+             absolute_margin=0.1, min_score=0.1),
+    ],
+)  # fmt: skip
+def test_random_sampling_draws_what_sentence_transformers_allows(minilm_pairs, tmp_path, settings):
+    """sampling_strategy "random": each anchor's negatives are among the candidates that
+    sentence-transformers' filters allow (its "top" with num_negatives = range_max −
+    range_min lists them all: same window, margins, max_score, min_score), as many as its own
+    "random" draws (num_negatives, or all where fewer pass), most similar first; a rerun gives
+    the same, so does the same seed with the anchors in 1 or 3 shards and the positives in 2
+    (other tasks, other order of search), and another seed other negatives."""
+    import random
+
+    data = minilm_pairs
+    config = MiningConfig(
+        embeddings=str(data["positives_out"]), anchors=str(data["anchors_out"]), exact=True,
+        skip_same_document=False, sampling_strategy="random", seed=11, **settings,
+    )  # fmt: skip
+    ours = mine_pairs(config)
+    assert mine_pairs(config) == ours
+    chosen = negatives_of(ours)
+    vectors = np.stack([data["query_vectors"][a] for a in data["anchors"]])
+    positives = np.stack([data["corpus_vectors"][p] for p in data["positives"]])
+    write_embedding_output(tmp_path / "p2", positives, texts=data["positives"], shards=2)
+    for shards in (1, 3):
+        out = write_embedding_output(
+            tmp_path / f"a{shards}", vectors, texts=data["anchors"], shards=shards
+        )
+        assert negatives_of(mine_pairs(config, out, tmp_path / "p2")) == chosen, shards
+    reseeded = negatives_of(mine_pairs(dataclasses.replace(config, seed=12)))
+
+    window = settings["range_max"] - settings["range_min"]
+    every = st_negatives(data, sampling_strategy="top", **{**settings, "num_negatives": window})
+    random.seed(0)  # sentence-transformers draws with Python's random
+    drawn = st_negatives(data, sampling_strategy="random", **settings)
+    ambiguous = near_ties(data, config)
+    assert len(ambiguous) <= 5, sorted(ambiguous)
+    keys = {k for k in ours.keys() | every.keys() if k[0] not in ambiguous}
+    more_than_drawn = differs = 0
+    for key in sorted(keys):
+        allowed = {n: s for n, _, s in every.get(key, [])}
+        mine, theirs = ours.get(key, []), drawn.get(key, [])
+        assert {n for n, *_ in mine} <= allowed.keys(), key
+        assert {n for n, *_ in theirs} <= allowed.keys(), key  # the allowed set is theirs
+        assert len(mine) == len(theirs) == min(settings["num_negatives"], len(allowed)), key
+        assert np.allclose([s for *_, s in mine], [allowed[n] for n, *_ in mine], atol=1e-5)
+        assert [s for *_, s in mine] == sorted((s for *_, s in mine), reverse=True), key
+        more_than_drawn += len(allowed) > settings["num_negatives"]
+        differs += [n for n, *_ in mine] != [n for n, *_ in every.get(key, [])][: len(mine)]
+    assert more_than_drawn > 20 and differs > 10  # a draw, not the top ones
+    assert reseeded.keys() == chosen.keys() and reseeded != chosen
+
+
+def test_p_is_the_most_rows_an_anchor_has_in_a_shard(ray_local, tmp_path):
+    """p, what every pairs window adds to range_max, counted before the pass over every
+    anchors' shard (in this process and as the Ray pass counts it): the most rows an anchor
+    text has within one shard (a query's positives): 3 ("b"), then 2 once "c" has two rows in
+    each shard (four in all)."""
+    from distributed_emb.vectors.hard_negatives import _ray_most_positives, most_positives
+
+    texts = ["a", "b", "b", "b", "c", "c", "c", "d", "e", "f"]
+    rng = np.random.default_rng(1)
+    out = write_embedding_output(tmp_path, unit(rng.normal(size=(10, 8))), texts, shards=2)
+    anchors = read_manifest(str(out))
+    assert [s.rows for s in anchors.shards] == [5, 5]
+    config = MiningConfig(embeddings="unused", anchors=str(out))
+    assert most_positives(anchors) == _ray_most_positives(anchors, config, [0, 1]) == 3
+    texts[3] = "c"  # now "c" has two rows in the first shard and two in the second
+    out = write_embedding_output(tmp_path / "2", unit(rng.normal(size=(10, 8))), texts, shards=2)
+    assert most_positives(read_manifest(str(out))) == 2
+
+
+def negatives_of(mined: dict) -> dict:
+    """{(anchor, positive): [negative, ...]}: the texts only (scores computed over other
+    shards may differ in the last float32 bit)."""
+    return {key: [n for n, *_ in found] for key, found in mined.items()}
 
 
 def pair_vectors(rows: int = 40, dim: int = 8, seed: int = 3):
@@ -213,8 +322,10 @@ def pair_outputs(tmp_path):
 
 
 def test_mining_job_writes_pairs_the_training_data_path_reads(ray_local, pair_outputs, tmp_path):
-    """jobs/mine_negatives.py --anchors: the Ray Data pass, one file per anchors' shard, each
-    negative never the pair's positive and outside the relative margin of anchor · positive;
+    """jobs/mine_negatives.py --anchors (random sampling, max_score): the Ray Data pass, one
+    file per anchors' shard, each negative never the pair's positive, outside the relative
+    margin of anchor · positive and not above max_score, the same as mine_shard's in this
+    process (p and the draws do not depend on the task); summary.json records the settings;
     then the files read through the training data path with `data.kind=pairs
     data.negative_column=negative`: every row kept, its three texts the file's."""
     anchors_out, positives_out, anchors, positives = pair_outputs
@@ -222,7 +333,8 @@ def test_mining_job_writes_pairs_the_training_data_path_reads(ray_local, pair_ou
     status = run_job(
         "mine_negatives",
         [str(positives_out), "--anchors", str(anchors_out), "--output", str(result),
-         "--num-negatives", "2", "--range-max", "10", "--relative-margin", "0.1", "--exact"],
+         "--num-negatives", "2", "--range-max", "10", "--relative-margin", "0.1", "--exact",
+         "--sampling-strategy", "random", "--seed", "4", "--max-score", "0.6"],
     )  # fmt: skip
     assert status == 0
     files = sorted(p.name for p in (result / "negatives").iterdir())
@@ -237,6 +349,18 @@ def test_mining_job_writes_pairs_the_training_data_path_reads(ray_local, pair_ou
     assert np.allclose(table["positive_score"].to_numpy(), positive_score, atol=1e-5)
     assert np.allclose(table["negative_score"].to_numpy(), negative_score, atol=1e-5)
     assert (negative_score <= positive_score - 0.1 * np.abs(positive_score) + 1e-6).all()
+    assert (negative_score <= 0.6 + 1e-6).all()
+    config = MiningConfig(
+        embeddings=str(positives_out), anchors=str(anchors_out), exact=True, num_negatives=2,
+        range_max=10, relative_margin=0.1, sampling_strategy="random", seed=4, max_score=0.6,
+    )  # fmt: skip
+    here = [
+        mine_shard(read_manifest(str(positives_out)), n, config, read_manifest(str(anchors_out)))
+        for n in range(2)
+    ]
+    assert table["negative_id"].to_pylist() == [
+        i for t, _ in here for i in t["negative_id"].to_pylist()
+    ]
     assert table["anchor"].to_pylist() == [f"question {i}" for i in row]
     assert table["positive"].to_pylist() == [f"answer {i}" for i in row]
     assert table["negative"].to_pylist() == [f"answer {i}" for i in negative]
@@ -245,6 +369,18 @@ def test_mining_job_writes_pairs_the_training_data_path_reads(ray_local, pair_ou
     assert summary["anchors"] == len(anchors) and summary["negatives"] == len(table)
     assert summary["anchors_without_negative"] >= 1
     assert summary["removed_by_margin"] >= 1  # the margin removed something: it was measured
+    assert summary["removed_above_max_score"] >= 1
+    settings = summary["settings"]
+    assert (settings["sampling_strategy"], settings["seed"], settings["max_score"]) == (
+        "random",
+        4,
+        0.6,
+    )
+    assert (settings["min_score"], settings["window_range_max"], settings["max_positives"]) == (
+        None,
+        10,
+        1,
+    )
 
     data = DataConfig(path=str(result / "negatives"), kind="pairs", negative_column="negative")
     validate_negative_column(data, contrastive_weight=1.0)
