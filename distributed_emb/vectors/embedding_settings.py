@@ -68,7 +68,7 @@ def model_location(model: ModelConfig) -> str:
 def saved_pooling(location: str, pooler: str) -> str | None:
     """The pooler to load `location` with: None (as saved: its own pooling, dense and
     normalise modules) for a sentence-transformers directory, else model.pooler over a plain
-    Hugging Face encoder, as every other job loads a model (infocse/rounds.py)."""
+    Hugging Face encoder, as every other job loads a model (infocse/round_evaluation.py)."""
     if is_remote(location):
         filesystem, path = filesystem_of(join(location, "modules.json"))
         saved = filesystem.get_file_info(path).type == pafs.FileType.File
