@@ -38,6 +38,7 @@ from distributed_emb.console import LOG_FORMAT
 from distributed_emb.settings import flatten
 from distributed_emb.storage import (
     copy_to_storage,
+    is_remote,
     join,
     list_files,
     read_bytes,
@@ -408,6 +409,22 @@ class StoredLogs:
 # While a job that runs in its driver (MCR², embed, mine) works, its lines and curves reach
 # storage this often: a job killed mid-run leaves what it logged up to then.
 OUTPUT_UPLOAD_S = 30.0
+
+
+@contextlib.contextmanager
+def logs_on_storage(location: str | None) -> Iterator[None]:
+    """For a job that writes its output straight to object storage (the embed job's or
+    mining's `s3://…` output): its log lines at `<location>/logs/run.log`, every
+    OUTPUT_UPLOAD_S while it runs and when it ends, where a local output would hold run.log."""
+    if not location or not is_remote(location):
+        yield
+        return
+    stored = StoredLogs(join(location, LOGS_DIR), "driver", logging.getLogger())
+    try:
+        with stored.every(OUTPUT_UPLOAD_S):
+            yield
+    finally:
+        stored.close()
 
 
 @contextlib.contextmanager

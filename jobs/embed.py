@@ -40,12 +40,14 @@ from distributed_emb.vectors.shard_layout import MANIFEST
 
 
 def run(config: EmbedJobConfig) -> int:
+    from distributed_emb.tracking import logs_on_storage
     from distributed_emb.vectors.corpus_embedding import embed_corpus  # startup: torch
     from distributed_emb.vectors.embed_layout import cluster_layout
 
     layout = cluster_layout(config.embed)
     print(layout.line, flush=True)
-    result = embed_corpus(config, layout)
+    with logs_on_storage(config.embed.output_dir):  # an s3:// OUT keeps its run.log there
+        result = embed_corpus(config, layout)
     rate = result.rows_embedded / max(result.seconds, 1e-9)
     print(
         f"embedded {result.rows_embedded} rows in {result.seconds:.0f} s ({rate:.0f} rows/s): "

@@ -44,9 +44,11 @@ def check(config: MiningConfig) -> None:
 
 
 def run(config: MiningConfig) -> int:
+    from distributed_emb.tracking import logs_on_storage
     from distributed_emb.vectors.hard_negatives import mine_hard_negatives
 
-    summary = mine_hard_negatives(config)
+    with logs_on_storage(config.output.dir):  # an s3:// output keeps its run.log there
+        summary = mine_hard_negatives(config)
     without_positive = (
         f", {summary['pairs_without_positive']} of them pairs without a positive in "
         f"{config.embeddings}"

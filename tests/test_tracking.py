@@ -390,3 +390,20 @@ def test_shipped_yamls_list_only_what_differs(name, config_class):
 def test_the_default_training_yaml_reads_as_before():
     config = load_config(TrainingConfig, "jobs/configs/informin_default.yaml", [])
     assert config.train.learning_rate == 1e-5 and config.train.max_steps == 200  # unchanged
+
+
+def test_a_job_writing_to_object_storage_keeps_its_run_log_there(tmp_path):
+    """logs_on_storage: an output given as a URI (s3://… in use; file:// here, the same code
+    path) gets logs/run.log with the job's lines; a local output keeps its own run.log and gets
+    nothing uploaded."""
+    import logging
+
+    from distributed_emb.tracking import logs_on_storage
+
+    logger = logging.getLogger("distributed_emb.vectors.corpus_embedding")
+    with logs_on_storage(f"file://{tmp_path}/out"):
+        logger.warning("embedded 40 rows")
+    assert "embedded 40 rows" in (tmp_path / "out" / "logs" / "run.log").read_text()
+    with logs_on_storage(str(tmp_path / "local")):
+        logger.warning("mined 3 negatives")
+    assert not (tmp_path / "local").exists()
