@@ -79,9 +79,9 @@ READ_BACK = textwrap.dedent(
 
 class GroupWatcher(threading.Thread):
     """Follows the run through the State API and its row log: records each worker group as it
-    is placed and as it trains (attempt and size). Once the first group is placed, lets the
-    autoscaler run a second node; once the group has grown to 2 and trained STEPS_AT_TWO
-    steps, kills rank 1's node."""
+    is placed and as it trains (attempt and size). Once the first group is placed and has a
+    checkpoint, lets the autoscaler run a second node; once the group has grown to 2 and
+    trained STEPS_AT_TWO steps, kills rank 1's node."""
 
     def __init__(self, cluster, output: Path, timeline: Timeline) -> None:
         super().__init__(daemon=True)
@@ -105,7 +105,11 @@ class GroupWatcher(threading.Thread):
                     self.groups[attempt] = len(ranks)
                     self.timeline.add(f"attempt {attempt} trains on {len(ranks)} worker(s)")
             self._follow_placement()
-            if not self.capacity_added and self.placed:
+            # The second node only once the first group has a checkpoint (its second step has
+            # started, so its first step's checkpoint was reported): a group resized before its
+            # first checkpoint starts over instead of resuming, and the grow is to resume.
+            first_steps = {r["step"] for r in records if r["attempt"] == 0}
+            if not self.capacity_added and self.placed and len(first_steps) >= 2:
                 self.cluster.set_max_workers(2)
                 self.capacity_added = True
                 self.timeline.add("capacity for a second node")
