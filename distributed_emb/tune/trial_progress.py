@@ -20,37 +20,33 @@ class TrialProgress(ray_tune.Callback):
         self.progress: Progress | None = None
         self.counted: set[str] = set()
 
-    def _count(self, trials) -> None:
+    def _count(self, ended: set[str]) -> None:
+        """Count the trials in `ended` (trial ids) not counted yet."""
         if self.progress is None:  # created in the driver's process, not where it is pickled
             self.progress = Progress("search", self.total_trials, "trials")
-        ended = {t.trial_id for t in trials if t.status in ENDED} - self.counted
-        self.counted |= ended
-        if ended:
-            self.progress.update(len(ended))
+        new = ended - self.counted
+        self.counted |= new
+        if new:
+            self.progress.update(len(new))
+
+    @staticmethod
+    def _ended(trials) -> set[str]:
+        return {t.trial_id for t in trials if t.status in ENDED}
 
     def on_step_begin(self, iteration, trials, **info) -> None:
-        self._count(trials)  # every loop of the search: a restored search's earlier trials too
+        self._count(self._ended(trials))  # every loop: a restored search's earlier trials too
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        self._count([*trials, _Ended(trial.trial_id)])
+        self._count({trial.trial_id})  # ended, whatever status Tune shows at this moment
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._count([*trials, _Ended(trial.trial_id)])
+        self._count({trial.trial_id})
 
     def on_experiment_end(self, trials, **info) -> None:
-        self._count(trials)
+        self._count(self._ended(trials))
         if self.progress is not None:
             self.progress.close()
 
     def __getstate__(self) -> dict:
         # Tune pickles its callbacks with the experiment; a bar or clock does not travel.
         return {**self.__dict__, "progress": None}
-
-
-class _Ended:
-    """A trial that just ended, whatever status Tune gives it at this moment."""
-
-    status = "TERMINATED"
-
-    def __init__(self, trial_id: str) -> None:
-        self.trial_id = trial_id
