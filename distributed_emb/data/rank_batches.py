@@ -6,7 +6,8 @@ world)`, that reads its own rows from them: no other process touches them, and n
 them out.
 
 A rank works out everything from (the index, the plan, the position):
-- the epoch's order is `ShardOrder(shard sizes, seed, epoch)` (data/shuffle.py), a function
+- the epoch's order is `ShardOrder(shard sizes, seed, epoch)` (data/shuffle.py; only the
+  corpus's row count counts, not its cut into shards), a function
   every rank computes alike;
 - global batch k is the rows at epoch positions [k·G, (k+1)·G) of that order, the same for
   any number of workers W; with length grouping (`data.length_group_batches` = k > 1) a pool

@@ -1,14 +1,21 @@
-"""One epoch's order over a corpus of indexed shards, as a pure function of the shard sizes,
-the seed and the epoch, read a window at a time.
+"""One epoch's order over a corpus of indexed shards, as a pure function of the corpus's row
+count, the seed and the epoch, read a window at a time.
 
 A corpus whose shards are indexed (rows per shard known up front, any row readable by its id)
 does not have to be read in file order. The epoch's order:
 
-1. cuts every shard into spans of `span_rows` rows (a shard's last span may be shorter);
-2. permutes all spans of the corpus with a generator seeded by (seed, epoch): a single large
-   shard is shuffled over its whole length, and spans of different shards interleave;
+1. cuts the corpus (its shards end to end, global row ids 0 … N-1) into spans of `span_rows`
+   rows (the last span may be shorter; a span may run from one shard into the next);
+2. permutes all spans with a generator seeded by (seed, epoch): a single large shard is
+   shuffled over its whole length, and spans of different shards interleave;
 3. groups the permuted spans into consecutive windows of `window_rows // span_rows` spans;
 4. shuffles the rows inside each window with a generator seeded by (seed, epoch, window).
+
+The spans ignore where the shards end on purpose: the rows are in corpus order whoever built
+the shards, but the cut into files is not fixed (Ray Data's sort draws its partition bounds
+from a random sample, so two builds of one corpus cut it into different files). An order that
+depended on the cut would train a rebuilt corpus, or one run against another, on other
+batches.
 
 A window's rows come from about `window_rows / span_rows` spans spread over the whole corpus,
 so a batch mixes shards about as well as a uniform permutation does (MosaicML Streaming's
@@ -20,13 +27,12 @@ so resuming deep into a 10M-row shard costs what starting it does.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-SPAN_ROWS = 1024  # rows of a span: the unit the order permutes (a shard is cut into spans)
+SPAN_ROWS = 1024  # rows of a span: the unit the order permutes (the corpus is cut into spans)
 WINDOW_ROWS = 1 << 18  # rows of a shuffle window (py1e's default block size is 2**18)
 
 # The third word of each generator's seed, so the span permutation and the window shuffles
@@ -38,7 +44,8 @@ _WINDOW = 1
 @dataclass(frozen=True)
 class ShardOrder:
     """One epoch's order over shards of `shard_rows` rows (global row id = rows of the shards
-    before + offset in shard). `seed` None: corpus order, no shuffle."""
+    before + offset in shard); only their total decides the order. `seed` None: corpus order,
+    no shuffle."""
 
     shard_rows: tuple[int, ...]
     seed: int | None
@@ -89,14 +96,8 @@ class ShardOrder:
     @cached_property
     def _spans(self) -> tuple[np.ndarray, np.ndarray]:
         """(first global row id, rows) of every span, in the epoch's span order."""
-        shard_rows = np.asarray(self.shard_rows, dtype=np.int64)
-        shard_starts = np.cumsum(shard_rows) - shard_rows
-        per_shard = -(-shard_rows // self.span_rows)  # ceil: a shard's last span may be short
-        shard = np.repeat(np.arange(len(shard_rows)), per_shard)
-        in_shard = np.arange(len(shard)) - np.repeat(np.cumsum(per_shard) - per_shard, per_shard)
-        offset = in_shard * self.span_rows
-        starts = shard_starts[shard] + offset
-        lengths = np.minimum(self.span_rows, shard_rows[shard] - offset)
+        starts = np.arange(0, self.total, self.span_rows, dtype=np.int64)
+        lengths = np.minimum(self.span_rows, self.total - starts)
         order = np.random.default_rng([self.seed, self.epoch, _SPANS]).permutation(len(starts))
         return starts[order], lengths[order]
 
@@ -129,15 +130,3 @@ class ShardOrder:
             cache[window] = ids
         return cache[window]
 
-
-def order_fingerprint_fields(order: ShardOrder) -> dict:
-    """What decides the order of every epoch (not the epoch itself), for a resume to check it
-    is reading the order the checkpoint was taken in. The shard sizes as a hash: a corpus may
-    have many thousands of shards."""
-    shard_rows = np.asarray(order.shard_rows, dtype="<i8").tobytes()
-    return {
-        "shard_rows_sha256": hashlib.sha256(shard_rows).hexdigest()[:16],
-        "seed": order.seed,
-        "span_rows": order.span_rows,
-        "window_rows": order.window_rows,
-    }
