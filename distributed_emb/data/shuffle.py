@@ -129,4 +129,3 @@ class ShardOrder:
             cache.clear()
             cache[window] = ids
         return cache[window]
-
