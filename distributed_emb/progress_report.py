@@ -19,14 +19,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 log = logging.getLogger(__name__)
 
 MODE_VARIABLE = "DISTRIBUTED_EMB_PROGRESS"  # auto (default) | on | lines | off
 LINE_EVERY_S = 60.0  # off a terminal: a line at most this often
+POLL_EVERY_S = 5.0  # polled_progress: how often the count of work done elsewhere is read
 
 
 def progress_mode(stream: TextIO | None = None) -> str:
@@ -132,3 +135,50 @@ class Progress:
                 self.done / max(elapsed, 1e-9),
             )
             self.lines += 1
+
+
+@contextmanager
+def polled_progress(
+    what: str,
+    total: int | None,
+    unit: str,
+    read_done: Callable[[], int],
+    every_s: float = POLL_EVERY_S,
+    mode: str | None = None,
+    line_every_s: float = LINE_EVERY_S,
+) -> Iterator[Progress | None]:
+    """Progress of work this process waits on while other processes do it (a Ray Data pass
+    that writes shards): `read_done()`, the units done so far (a counting actor's number), is
+    read every `every_s` seconds by a daemon thread and once more at the end. Off a terminal
+    only: on one, Ray Data draws its own bars for the same pass, and a second bar would tear
+    them. A failing `read_done` stops the polling and nothing else: the work's own error says
+    what went wrong."""
+    mode = mode or progress_mode()
+    if mode != "lines":
+        yield None
+        return
+    progress = Progress(what, total, unit, mode=mode, every_s=line_every_s)
+    stop = threading.Event()
+
+    def catch_up() -> bool:
+        try:
+            done = int(read_done())
+        except Exception:  # noqa: BLE001 - a progress line must never fail the work
+            return False
+        if done > progress.done:
+            progress.update(done - progress.done)
+        return True
+
+    def poll() -> None:
+        while not stop.wait(every_s) and catch_up():
+            pass
+
+    thread = threading.Thread(target=poll, name=f"progress: {what}", daemon=True)
+    thread.start()
+    try:
+        yield progress
+    finally:
+        stop.set()
+        thread.join()
+        catch_up()
+        progress.close()

@@ -12,6 +12,7 @@ import numpy as np
 from distributed_emb.progress_report import (
     MODE_VARIABLE,
     Progress,
+    polled_progress,
     progress_mode,
     set_progress,
 )
@@ -107,3 +108,34 @@ def test_a_long_list_is_encoded_in_chunks_with_the_vectors_of_one_call(tiny_bert
     whole = embedder.model.encode(sentences, batch_size=2, convert_to_numpy=True)
     np.testing.assert_allclose(chunked, whole, atol=1e-5)
     assert chunked.shape == (150, whole.shape[1])
+
+
+def test_work_done_elsewhere_is_polled_into_lines_and_closed_with_its_count(caplog):
+    caplog.set_level(logging.INFO)
+    import threading
+
+    done = {"rows": 0}
+    polled = threading.Event()
+
+    def read_done() -> int:
+        done["rows"] += 250  # another process's counter moving on between reads
+        polled.set()
+        return done["rows"]
+
+    with polled_progress(
+        "token cache", 1000, "rows", read_done, every_s=0.01, mode="lines", line_every_s=0
+    ) as progress:
+        assert polled.wait(5)
+    lines = _lines(caplog)
+    assert lines and lines[0].startswith("token cache: 250/1,000 rows (25%)")
+    # The last read at the end counts too: the closing line has every row read.
+    assert progress.done == done["rows"] and f"{done['rows']:,} rows in" in lines[-1]
+
+
+def test_polling_is_off_on_a_terminal_and_a_failing_count_fails_nothing(caplog):
+    caplog.set_level(logging.INFO)
+    with polled_progress("x", 10, "rows", lambda: 1 / 0, every_s=0.01, mode="bar") as progress:
+        assert progress is None  # Ray Data draws its own bars there
+    with polled_progress("x", 10, "rows", lambda: 1 / 0, every_s=0.01, mode="lines") as progress:
+        pass
+    assert progress.done == 0 and _lines(caplog) == []

@@ -140,6 +140,13 @@ def collect_report(counter) -> DropReport:
     return DropReport.from_dict(ray.get(counter.report.remote()))
 
 
+def rows_read(counter) -> int:
+    """Rows the cleaning tasks have seen so far (re-reads included): a pass's progress."""
+    import ray  # startup
+
+    return int(ray.get(counter.rows_read.remote()))
+
+
 class KeepCleanRows:
     """Ray Data stage: count a parsed block's rows by reason (sent to the DropCounter, when
     there is one) and pass on only the kept rows, with their row ids."""

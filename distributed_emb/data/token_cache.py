@@ -55,6 +55,7 @@ from distributed_emb.data.corpus import (
     collect_report,
     corpus_columns,
     corpus_path,
+    rows_read,
     start_drop_counter,
 )
 from distributed_emb.data.corpus_dataset import training_dataset
@@ -66,6 +67,7 @@ from distributed_emb.data.sources import resolve_sources
 from distributed_emb.data.stream_settings import StreamSettings
 from distributed_emb.data.tokenize import tokenize_arguments
 from distributed_emb.errors import UserInputError
+from distributed_emb.progress_report import polled_progress
 from distributed_emb.storage import filesystem_of, join, read_text, write_text
 
 log = logging.getLogger(__name__)
@@ -224,7 +226,12 @@ def build_shards(
         batch_format="pyarrow",
     )
     try:
-        dataset.write_datasink(IpcShardSink(path, filesystem, ROWS_PER_FILE))
+        # Off a terminal (ray job logs, CI) a line a minute from the cleaning tasks' count;
+        # the corpus's row count is known only once read (no driver pass), unless max_rows.
+        with polled_progress(
+            "token cache: rows read", data.max_rows, "rows", lambda: rows_read(counter)
+        ):
+            dataset.write_datasink(IpcShardSink(path, filesystem, ROWS_PER_FILE))
         index = ShardIndex.scan(target)
     except BaseException:
         filesystem.delete_dir(path)  # never committed: no run would read it anyway

@@ -138,8 +138,14 @@ def _text_by_row_id(config) -> dict[int, str]:
 
 
 @pytest.mark.ray
-def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert_path, monkeypatch):
+def test_shards_equal_the_collator_and_are_reused(
+    ray_local, tmp_path, tiny_bert_path, monkeypatch, caplog
+):
+    import logging
+
     import ray
+
+    from distributed_emb.progress_report import polled_progress
 
     corpus, cache = _corpus(tmp_path), tmp_path / "cache"
     config = _config(corpus, tiny_bert_path, cache)
@@ -149,11 +155,19 @@ def test_shards_equal_the_collator_and_are_reused(ray_local, tmp_path, tiny_bert
         read.append(ray.get(counter.rows_read.remote()))
         return original(counter)
 
+    def progress_lines(*args, **kwargs):  # off a terminal, with a line for every poll
+        return polled_progress(*args, **kwargs, every_s=0.2, mode="lines", line_every_s=0)
+
     monkeypatch.setattr(token_cache, "collect_report", collect_report)
+    monkeypatch.setattr(token_cache, "polled_progress", progress_lines)
+    caplog.set_level(logging.INFO, logger="distributed_emb.progress_report")
     shards = token_shards(config.data, config.stream_settings())
     assert shards.built and shards.rows == 300
     assert shards.report.kept == 300 and shards.report.dropped == {"empty": 2}
     assert read == [302]  # each line of the corpus read once by the build
+    # The build's progress is that count: its closing line has every line read.
+    said = [r.getMessage() for r in caplog.records if r.name.endswith("progress_report")]
+    assert said and said[-1].startswith("token cache: rows read: 302 rows in"), said
     # In corpus order: a row's place in the shards is its place among the clean lines.
     in_order = ShardReader(shards.index).take(np.arange(300), columns=[ROW_ID])
     assert in_order.column(ROW_ID).to_pylist() == sorted(in_order.column(ROW_ID).to_pylist())
