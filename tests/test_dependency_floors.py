@@ -1,9 +1,11 @@
 """pyproject.toml's dependency floors are the versions CI installs and tests.
 
-CI installs with `-c .ci/floors.txt`, which pins every direct dependency to its floor, so a
-floor that stops being true fails the suite. These checks keep the two files in step: a floor
+CI's first leg installs with `-c .ci/floors.txt`, which pins every direct dependency to its
+floor, so a floor that stops being true fails the suite; its second leg installs the newest
+releases (no constraints) for the unit tests. These checks keep the files in step: a floor
 raised in one and not the other, a dependency without a floor, or a pin of something that is
-not a direct dependency all fail here, naming the package.
+not a direct dependency all fail here, naming the package; so do a newest leg that lost its
+tests or gained constraints, and a README whose test command is not CI's.
 """
 
 from __future__ import annotations
@@ -77,3 +79,24 @@ def test_ci_installs_with_the_floors_and_torch_at_its_floor():
     # CI and the README install torch first (a CPU build where one is on the index), at the floor.
     assert f"pip install -q torch=={torch}" in ci
     assert f"pip install torch=={torch}" in (REPO / "README.md").read_text()
+
+
+def test_the_readme_test_command_is_the_floors_leg():
+    readme = (REPO / "README.md").read_text()
+    assert 'pip install -e ".[dev]" -c .ci/floors.txt && python -m pytest -q' in readme
+
+
+def test_the_newest_leg_installs_unconstrained_and_its_tests_exist():
+    ci = (REPO / ".ci" / "run").read_text()
+    # The floors leg, then the newest leg: the same extras, the second without constraints.
+    installs = re.findall(r'pip install -q -e "\.\[dev\]".*$', ci, flags=re.MULTILINE)
+    assert installs == [
+        'pip install -q -e ".[dev]" -c .ci/floors.txt',
+        'pip install -q -e ".[dev]"',
+    ]
+    [block] = re.findall(r"NEWEST_TESTS=\((.*?)\)", ci, flags=re.DOTALL)
+    paths = block.split()
+    assert paths, "the newest leg runs no tests"
+    missing = [path for path in paths if not (REPO / path).exists()]
+    assert not missing, f".ci/run NEWEST_TESTS: no such test path {missing}"
+    assert '-m "not slow" "${NEWEST_TESTS[@]}"' in ci

@@ -22,9 +22,9 @@ PROBE = """
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("entry_point", sys.argv[1])
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
-import datasets, huggingface_hub, transformers.utils.logging
+import datasets, huggingface_hub.constants, transformers.utils.logging
 print(
-    huggingface_hub.is_offline_mode(),
+    huggingface_hub.constants.HF_HUB_OFFLINE,  # what is_offline_mode() returns (hub 1.x and 0.x)
     datasets.config.HF_HUB_OFFLINE,
     transformers.utils.logging.is_progress_bar_enabled(),
 )
