@@ -51,11 +51,15 @@ from harness.row_log import kept_steps, resumed_from, row_log_records
 
 from distributed_emb.paths import shipped_corpus
 
-# Slow: a multi-node cluster, a submitted job and three worker groups (2–3 min on 2 cores).
+# Slow: a multi-node cluster, a submitted job and three worker groups (3–4 min on 2 cores).
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 24
+# Enough steps that the run outlasts the second node's start, Ray Train's noticing it (up to
+# 20 s, the autoscaling coordinator's tick) and the resize: a step takes about a second on an
+# idle 2-core machine, and with 24 steps the run finished on one worker before the grown group
+# could start (the growth went unseen).
+STEPS = 96
 GLOBAL_BATCH = 16  # train.batch_size 8 × at most 2 workers
 STEPS_AT_TWO = 2  # steps the grown group trains before its node is killed
 
@@ -170,8 +174,11 @@ def test_the_group_grows_with_the_autoscaler_shrinks_on_node_loss_and_trains_eve
     corpus.write_text("\n".join(lines) + "\n")
     output = tmp_path / "run"
     timeline = Timeline()
+    # An idle node goes after 30 s, not sooner: Ray's autoscaling coordinator, through which
+    # Ray Train sees new nodes, looks at the cluster every 20 s, and a second node that went
+    # after 12 s idle was gone before Ray Train saw it (the growth went unseen).
     with local_cluster(
-        worker_cpus=3, max_workers=1, min_workers=1, idle_timeout_minutes=0.2
+        worker_cpus=3, max_workers=1, min_workers=1, idle_timeout_minutes=0.5
     ) as cluster:
         wait_for(lambda: len(cluster.alive_worker_nodes()) == 1, 120, "the first worker node")
         timeline.add("head and 1 worker node up")
