@@ -182,3 +182,27 @@ def polled_progress(
         thread.join()
         catch_up()
         progress.close()
+
+
+class DoneCount:
+    """Units of work done by other processes (Ray actors add to it, `polled_progress` reads
+    it): a Ray actor class, started by `start_done_count`."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def add(self, count: int) -> None:
+        self.done += count
+
+    def total(self) -> int:
+        return self.done
+
+
+def start_done_count():
+    """A `DoneCount` actor on this process's node, no CPU reserved (it only adds numbers): an
+    actor on a worker node would die with the node, and the work's count with it."""
+    import ray  # startup
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # startup
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0, scheduling_strategy=here)(DoneCount).remote()

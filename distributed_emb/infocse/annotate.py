@@ -44,6 +44,7 @@ from distributed_emb.infocse.annotation_tables import (
 )
 from distributed_emb.infocse.idc import IDCConfig, intra_document_clusters
 from distributed_emb.model.embedder import Embedder, encoding_pool
+from distributed_emb.progress_report import polled_progress, start_done_count
 from distributed_emb.settings import section
 from distributed_emb.storage import has_files
 from distributed_emb.watchdog import DEFAULT_STALL_TIMEOUT_S, no_silent_stall
@@ -167,9 +168,10 @@ class DocumentAnnotator(Embedder):
     the one encoding pool, ``model/embedder.py encoding_pool``) that clusters what it embeds:
     documents in, one annotation row per document out."""
 
-    def __init__(self, model_path: str, idc: IDCConfig, **embedder_args) -> None:
+    def __init__(self, model_path: str, idc: IDCConfig, done=None, **embedder_args) -> None:
         super().__init__(model_path, **embedder_args)
         self.idc = idc
+        self.done = done  # a progress_report.DoneCount actor the documents are counted on
 
     def annotate(self, doc_ids: Sequence[str], sentence_lists: Sequence[Sequence[str]]) -> list:
         """Embed all documents' sentences in one call, split back, cluster each document."""
@@ -193,6 +195,10 @@ class DocumentAnnotator(Embedder):
         rows = self.annotate(
             batch.column("doc_id").to_pylist(), batch.column("sentences").to_pylist()
         )
+        if self.done is not None:
+            # Awaited (a millisecond a call): counted before the result is, so the count the
+            # driver reads once the pass is done is the whole pass.
+            ray.get(self.done.add.remote(len(rows)))
         return pa.Table.from_pylist(rows, schema=DOCUMENT_ANNOTATION_SCHEMA)
 
 
@@ -253,29 +259,42 @@ def annotate_documents(
     start = time.perf_counter()
     hint = "fix: annotation.concurrency, annotation.num_cpus_per_actor or the cluster's nodes"
     with no_silent_stall(config.stall_timeout_s, hint=hint):
-        block = documents_per_block(documents.count(), config)
+        total = documents.count()
+        block = documents_per_block(total, config)
         documents = documents.repartition(target_num_rows_per_block=block)
         # The one encoding pool (a plan that cannot fit fails before any actor starts: actors
         # that leave Ray Data no whole CPU for the read tasks wait forever for their input,
         # docs/OPERATIONS.md "Sizing a cluster"), each actor a DocumentAnnotator.
-        annotated = encoding_pool(
-            documents,
-            model_path,
-            pooler=config.pooler,
-            batch_size=config.encode_batch_size,
-            max_seq_length=config.max_seq_length,
-            concurrency=config.concurrency,
-            num_cpus_per_actor=num_cpus,
-            num_gpus_per_actor=config.num_gpus_per_actor,
-            torch_threads=config.torch_threads,
-            rows_per_call=config.documents_per_batch,
-            batch_format="pyarrow",
-            embedder_class=DocumentAnnotator,
-            embedder_kwargs={"idc": config.idc},
-            max_tasks_in_flight_per_actor=2,
-            role="annotation actors",
-            fix="annotation.concurrency or annotation.num_cpus_per_actor",
-        ).materialize()  # embedded once; counted and written from the stored rows
+        done = start_done_count()  # the actors count their documents on it: the progress
+        try:
+            annotated = encoding_pool(
+                documents,
+                model_path,
+                pooler=config.pooler,
+                batch_size=config.encode_batch_size,
+                max_seq_length=config.max_seq_length,
+                concurrency=config.concurrency,
+                num_cpus_per_actor=num_cpus,
+                num_gpus_per_actor=config.num_gpus_per_actor,
+                torch_threads=config.torch_threads,
+                rows_per_call=config.documents_per_batch,
+                batch_format="pyarrow",
+                embedder_class=DocumentAnnotator,
+                embedder_kwargs={"idc": config.idc, "done": done},
+                max_tasks_in_flight_per_actor=2,
+                role="annotation actors",
+                fix="annotation.concurrency or annotation.num_cpus_per_actor",
+            )
+            # Off a terminal a line a minute from that count (a retried block counts again).
+            with polled_progress(
+                f"annotate round {round_index}",
+                total,
+                "documents",
+                lambda: ray.get(done.total.remote()),
+            ):
+                annotated = annotated.materialize()  # embedded once; counted, written from it
+        finally:
+            ray.kill(done)
 
         counts = AnnotationCounts()
         for row in annotated.map_batches(counts_table, batch_format="pyarrow").iter_rows():

@@ -53,7 +53,19 @@ def test_local_reference_matches_idc_per_document(tiny_bert_path, lee_documents)
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ray_two_actors_match_local_reference(ray_local, tiny_bert_path, lee_documents, tmp_path):
+def test_ray_two_actors_match_local_reference(
+    ray_local, tiny_bert_path, lee_documents, tmp_path, monkeypatch, caplog
+):
+    import logging
+
+    from distributed_emb.infocse import annotate
+    from distributed_emb.progress_report import polled_progress
+
+    def progress_lines(*args, **kwargs):  # off a terminal, with a line for every poll
+        return polled_progress(*args, **kwargs, every_s=0.2, mode="lines", line_every_s=0)
+
+    monkeypatch.setattr(annotate, "polled_progress", progress_lines)
+    caplog.set_level(logging.INFO, logger="distributed_emb.progress_report")
     config = AnnotationConfig(
         pooler="mean",
         concurrency=2,
@@ -73,6 +85,9 @@ def test_ray_two_actors_match_local_reference(ray_local, tiny_bert_path, lee_doc
     assert result.counts.documents == 20 and result.counts.pairs == len(ray_pairs) > 0
     assert result.counts.capped_clusters > 0  # the per-document cap seed was exercised
     assert set(ray_pairs[0]) == {"anchor", "positive", "doc_id", "cluster_id", "round"}
+    # The actors counted their documents: the progress's closing line has all 20.
+    said = [r.getMessage() for r in caplog.records if r.name.endswith("progress_report")]
+    assert said and said[-1].startswith("annotate round 1: 20 documents in"), said
 
     with pytest.raises(FileExistsError, match="already holds files"):
         annotate_documents(documents, tiny_bert_path, str(tmp_path / "round1"), config=config)
