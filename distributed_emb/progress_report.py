@@ -194,15 +194,22 @@ class DoneCount:
     def add(self, count: int) -> None:
         self.done += count
 
-    def total(self) -> int:
+    def count(self) -> int:
         return self.done
 
 
-def start_done_count():
-    """A `DoneCount` actor on this process's node, no CPU reserved (it only adds numbers): an
-    actor on a worker node would die with the node, and the work's count with it."""
+def counting_actor(actor_class):
+    """An `actor_class` actor that only adds numbers (no CPU reserved) on this process's node
+    (the head under `ray job submit`): a 0-CPU actor may land on any worker node, and when that
+    node is lost every later count fails with ActorDiedError, and the work with it
+    (tests/cluster/test_node_loss.py)."""
     import ray  # startup
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # startup
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(num_cpus=0, scheduling_strategy=here)(DoneCount).remote()
+    return ray.remote(num_cpus=0, scheduling_strategy=here)(actor_class).remote()
+
+
+def start_done_count():
+    """A `DoneCount` actor on this process's node (`counting_actor`)."""
+    return counting_actor(DoneCount)

@@ -42,6 +42,7 @@ from distributed_emb.data.readers import (
 )
 from distributed_emb.data.sources import CorpusError, is_hub_name, is_remote, resolve_sources
 from distributed_emb.paths import shipped_corpus
+from distributed_emb.progress_report import counting_actor
 
 log = logging.getLogger(__name__)
 
@@ -117,21 +118,16 @@ class DropCounter:
 
 
 def start_drop_counter():
-    """The counter actor of one run (no CPU: it only adds numbers), on the driver's node (the
-    head under `ray job submit`): a 0-CPU actor may land on any worker node, and when that
-    node is lost every later block's count fails with ActorDiedError, so the restored run
-    dies too (tests/cluster/test_node_loss.py)."""
-    import ray  # startup
+    """The counter actor of one run, on the driver's node (`progress_report.counting_actor`:
+    one on a lost worker node would fail every later block's count, and the restored run)."""
     from ray.data._internal.stats import get_or_create_stats_actor  # private
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # startup
 
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     # Ray Data's cluster-wide stats actor is detached and pinned to the node of whichever
     # process first runs a dataset: a Train worker, so a worker node that then never counts
     # as idle and is never scaled down (tests/cluster/test_elastic.py). Created here
     # first, it lives on the driver's node instead.
     get_or_create_stats_actor()
-    return ray.remote(num_cpus=0, scheduling_strategy=here)(DropCounter).remote()
+    return counting_actor(DropCounter)
 
 
 def collect_report(counter) -> DropReport:

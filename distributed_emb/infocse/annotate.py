@@ -290,7 +290,7 @@ def annotate_documents(
                 f"annotate round {round_index}",
                 total,
                 "documents",
-                lambda: ray.get(done.total.remote()),
+                lambda: ray.get(done.count.remote()),
             ):
                 annotated = annotated.materialize()  # embedded once; counted, written from it
         finally:
