@@ -52,6 +52,7 @@ from bench.project_runs import ProjectRun
 
 # tests/bench import the contender labels and the regrouping from the harness's entry point.
 from bench.section_step import BARE, BARE_GROUPED, PROJECT, PROJECT_GROUPED, ST, length_grouped
+from distributed_emb.runtime import start_local_ray
 
 __all__ = [
     "BARE",
@@ -132,8 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def start_ray(args: argparse.Namespace) -> None:
-    ray.init(
-        address="local",  # our own instance, whatever else runs on the machine
+    start_local_ray(  # our own instance, whatever else runs on the machine
         # Logical CPUs above the core count: the sections run Train runs, annotation and
         # encoding pools back to back in one instance, and a section's leftovers (a Train
         # controller shutting down) must not starve the next one's Ray Data tasks.

@@ -80,10 +80,10 @@ def start_ray(settings: RayConfig, state_api: bool = False) -> None:
     """Join the cluster in RAY_ADDRESS / ray.address (e.g. under `ray job submit`), or start a
     local Ray with no cluster at all.
 
-    `state_api`: a local instance also serves Ray's State API to its own workers (the dashboard,
-    and the instance's address in every worker's RAY_ADDRESS). Ray Train frees the placement
-    group of a run whose controller was killed (a Tune trial stopped early) through it; workers
-    otherwise guess the address, which fails when the machine runs other Ray instances.
+    `state_api`: a local instance also serves Ray's State API to its own workers (the
+    dashboard; every local instance's workers have its address, start_local_ray). Ray Train
+    frees the placement group of a run whose controller was killed (a Tune trial stopped
+    early) through it.
     """
     import ray  # startup
 
@@ -120,26 +120,41 @@ def start_ray(settings: RayConfig, state_api: bool = False) -> None:
     # The machine's own cores: the resource plan (resource_plan.py, run by run_training) leaves
     # Ray Data its share by lowering the Train workers' reservation where it must, so nothing
     # depends on logical CPUs above the core count (docs/ARCHITECTURE.md, "Ray on small machines").
-    num_cpus = settings.num_cpus or os.cpu_count() or 1
     store = settings.object_store_memory_mb
-    if state_api:
-        port = _free_port()
-        os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by the local head at start
-        runtime_env["env_vars"]["RAY_ADDRESS"] = f"{ray.util.get_node_ip_address()}:{port}"
     # Ray's GCS, raylet and worker gRPC ports listen on every interface whatever the node IP:
     # token auth is what refuses strangers, so it is set here, not left to Ray's default.
     require_local_token_auth()
+    start_local_ray(
+        num_cpus=settings.num_cpus or os.cpu_count() or 1,
+        include_dashboard=state_api,
+        object_store_memory=store * 1024**2 if store else None,
+        runtime_env=runtime_env,
+    )
+
+
+def start_local_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
+    """A new local Ray instance of this process's own, whose workers know its address.
+
+    Never a `ray start` cluster that happens to run on the machine (that one is joined only
+    through RAY_ADDRESS / ray.address): `address="local"`. And the instance's GCS address in
+    every worker's RAY_ADDRESS: Ray Train's placement-group cleaner asks the State API whether
+    its run's controller lives, and a worker without the address guesses the machine's most
+    recent Ray; where the machine runs another instance with a dashboard (a second local job,
+    a Tune search, a `ray start` head) it asks that one, is told "no such actor" and removes
+    the live run's workers. With the address it asks its own instance, which answers or (with
+    no dashboard) cannot, and the cleaner keeps waiting. `ray.init` keyword arguments pass on.
+    """
+    import ray
+
+    runtime_env = dict(runtime_env or {})
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    port = _free_port()
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by the local head at start
+    env_vars.setdefault("RAY_ADDRESS", f"{ray.util.get_node_ip_address()}:{port}")
+    runtime_env["env_vars"] = env_vars
     try:
         with local_instance_environment():
-            ray.init(
-                # A new instance of our own, never a `ray start` cluster that happens to run
-                # on this machine (that one is joined only through RAY_ADDRESS / ray.address).
-                address="local",
-                num_cpus=num_cpus,
-                include_dashboard=state_api,
-                object_store_memory=store * 1024**2 if store else None,
-                runtime_env=runtime_env,
-            )
+            ray.init(address="local", runtime_env=runtime_env, **init_kwargs)
     finally:
         os.environ.pop("RAY_GCS_SERVER_PORT", None)
 
@@ -200,7 +215,10 @@ def require_local_token_auth() -> None:
     token_file = Path.home() / ".ray" / "auth_token"
     if not token_file.exists():
         token_file.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            descriptor = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return  # another local job of this user made it a moment ago, 0600 as here
         with os.fdopen(descriptor, "w") as handle:
             handle.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` makes
     elif token_file.stat().st_mode & 0o077:

@@ -26,7 +26,7 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 # suite makes ~40 Train runs; every Ray it starts (shared, jobs, heads, clusters) inherits this.
 # A slow poll is only a missed health check (fatal after 10 min), so nothing else changes.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-from harness import local_ray  # noqa: E402
+from harness import lanes, local_ray  # noqa: E402
 
 import distributed_emb.runtime  # noqa: E402, F401
 
@@ -123,6 +123,14 @@ def pytest_collection_modifyitems(config, items):
     shared = local_ray.shared_ray_modules(items)
     config.stash[_SHARED_RAY_MODULES] = shared
     items[:] = local_ray.order_shared_ray_modules(items, shared)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n N`: one lane of whole modules per worker (harness/lanes.py), unless another
+    `--dist` mode is asked for."""
+    if config.getvalue("dist") == "load":
+        return lanes.LaneScheduling(config, log)
+    return None
 
 
 @pytest.fixture(autouse=True)

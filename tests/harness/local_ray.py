@@ -31,17 +31,17 @@ def start_shared_ray():
     global _shared_address
     import ray
 
-    from distributed_emb.runtime import local_instance_environment
+    from distributed_emb.runtime import start_local_ray
 
     if not ray.is_initialized():
-        with local_instance_environment():  # workers at the driver's priority, no watcher
-            ray.init(
-                address="local",  # never a `ray start` cluster another test left running
-                num_cpus=os.cpu_count(),
-                include_dashboard=False,
-                object_store_memory=512 * 1024**2,
-                log_to_driver=True,
-            )
+        # As a job's own local instance: workers at the driver's priority, no preemption
+        # watcher, the instance's address in every worker (the suite runs two at a time).
+        start_local_ray(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            object_store_memory=512 * 1024**2,
+            log_to_driver=True,
+        )
         _shared_address = ray.get_runtime_context().gcs_address
     return ray
 
