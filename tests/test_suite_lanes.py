@@ -14,8 +14,12 @@ def test_a_module_stays_whole_and_the_longest_go_first():
     modules = ["a/test_one.py", "a/test_one.py", "b/test_two.py", "c/test_three.py",
                "d/test_four.py"]  # fmt: skip
     known = {
-        "seconds": {"a/test_one.py": 100.0, "b/test_two.py": 60.0, "c/test_three.py": 50.0,
-                    "d/test_four.py": 20.0},  # fmt: skip
+        "seconds": {
+            "a/test_one.py": 100.0,
+            "b/test_two.py": 60.0,
+            "c/test_three.py": 50.0,
+            "d/test_four.py": 20.0,
+        },  # fmt: skip
         "fixtures": {},
     }
     # 100 + 20 against 60 + 50

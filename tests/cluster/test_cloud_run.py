@@ -32,7 +32,7 @@ from distributed_emb.paths import shipped_corpus
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 20  # long enough that the kill at step 8 comes mid-run, no longer
 EVAL_STEPS = 4
-KILL_AFTER_EVAL = 8  # the kill comes once storage holds this evaluation (checkpoint at 4 done)
+KILL_AFTER_EVAL = 8  # killed once storage holds this evaluation and checkpoint 4 is registered
 
 
 @dataclass
@@ -126,6 +126,22 @@ def cloud_run(tmp_path_factory, tiny_bert_path, s3):
             return []
         return _eval_steps(storage.read_text(f"{bucket}/runs/{names[0]}/logs/train_log.jsonl"))
 
+    def registered_checkpoint_step() -> int:
+        """The step of the newest checkpoint Ray Train has registered (what a restart resumes
+        from), -1 before the first. Ray Train 2.60 keeps its registered checkpoints in
+        checkpoint_manager_snapshot.json in the run's directory, rewritten after each one: a
+        checkpoint directory on storage is not registered yet (on a loaded machine the
+        evaluation after it reached storage first)."""
+        names = run_dirs()
+        path = f"{bucket}/runs/{names[0]}/checkpoint_manager_snapshot.json" if names else None
+        if len(names) != 1 or not storage.exists(path):
+            return -1
+        try:
+            latest = json.loads(storage.read_text(path)).get("latest_checkpoint_result")
+        except json.JSONDecodeError:  # being rewritten
+            return -1
+        return int((latest or {}).get("metrics", {}).get("step", -1))
+
     with local_cluster(
         worker_cpus=3, max_workers=2, min_workers=1, idle_timeout_minutes=0.2
     ) as cluster:
@@ -133,12 +149,14 @@ def cloud_run(tmp_path_factory, tiny_bert_path, s3):
         first_id = f"cloud-{secrets.token_hex(3)}"
         queued = submit("--no-wait", "--submission-id", first_id)
         assert queued.returncode == 0, queued.stdout + queued.stderr
-        # Mid-run: storage holds the evaluation at KILL_AFTER_EVAL, so the checkpoint of the
-        # evaluation before it was reported before the kill.
+        # Mid-run: storage holds the evaluation at KILL_AFTER_EVAL, and Ray Train registered
+        # the checkpoint of an evaluation past step 0 before the kill.
         wait_for(
             lambda: (max(stored_eval_steps(), default=-1) >= KILL_AFTER_EVAL
+                     and registered_checkpoint_step() >= EVAL_STEPS
                      or _job_status(cluster, first_id) in ("SUCCEEDED", "FAILED", "STOPPED")),
-            600, f"the evaluation at step {KILL_AFTER_EVAL} on storage", poll_s=0.2,
+            600, f"the evaluation at step {KILL_AFTER_EVAL} and a checkpoint past step 0",
+            poll_s=0.2,
         )  # fmt: skip
         first_status = _job_status(cluster, first_id)
         killed_at = max(stored_eval_steps(), default=-1)
