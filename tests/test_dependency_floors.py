@@ -83,7 +83,10 @@ def test_ci_installs_with_the_floors_and_torch_at_its_floor():
 
 def test_the_readme_test_command_is_the_floors_leg():
     readme = (REPO / "README.md").read_text()
-    assert 'pip install -e ".[dev]" -c .ci/floors.txt && python -m pytest -q' in readme
+    ci = (REPO / ".ci" / "run").read_text()
+    # Both run the suite in its two lanes (tests/harness/lanes.py).
+    assert 'pip install -e ".[dev]" -c .ci/floors.txt && python -m pytest -n 2 -q' in readme
+    assert "python -m pytest -n 2 -q -p no:cacheprovider --durations=25" in ci
 
 
 def test_the_newest_leg_installs_unconstrained_and_its_tests_exist():
