@@ -133,8 +133,10 @@ def cloud_run(tmp_path_factory, tiny_bert_path, s3):
         checkpoint directory on storage is not registered yet (on a loaded machine the
         evaluation after it reached storage first)."""
         names = run_dirs()
-        path = f"{bucket}/runs/{names[0]}/checkpoint_manager_snapshot.json" if names else None
-        if len(names) != 1 or not storage.exists(path):
+        if len(names) != 1:
+            return -1
+        path = f"{bucket}/runs/{names[0]}/checkpoint_manager_snapshot.json"
+        if not storage.exists(path):
             return -1
         try:
             latest = json.loads(storage.read_text(path)).get("latest_checkpoint_result")
