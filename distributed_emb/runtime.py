@@ -143,9 +143,16 @@ def start_local_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
     a Tune search, a `ray start` head) it asks that one, is told "no such actor" and removes
     the live run's workers. With the address it asks its own instance, which answers or (with
     no dashboard) cannot, and the cleaner keeps waiting. `ray.init` keyword arguments pass on.
+
+    An instance without a dashboard still registers a State API address, the default port
+    8265 where nothing of its own listens; when another instance's dashboard holds 8265, the
+    workers would ask that one after all. So such an instance registers a free port of its
+    own instead: the State API it names is its own, absent, never another instance's.
     """
     import ray
 
+    if init_kwargs.get("include_dashboard") is False:
+        init_kwargs.setdefault("dashboard_port", _free_port())
     runtime_env = dict(runtime_env or {})
     env_vars = dict(runtime_env.get("env_vars") or {})
     port = _free_port()

@@ -28,11 +28,16 @@ start_ray(settings.ray)
 
 @ray.remote
 def worker_settings():
-    return os.nice(0), os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
+    # Where Ray Train's placement-group cleaner, a worker, asks whether its controller lives.
+    from ray.dashboard.utils import get_address_for_submission_client
 
-nice, watcher = ray.get(worker_settings.remote())
+    state_api = get_address_for_submission_client(None)
+    return os.nice(0), os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"), state_api
+
+nice, watcher, state_api = ray.get(worker_settings.remote())
 print(json.dumps({"driver": os.nice(0), "worker": nice, "watcher": watcher,
-                  "env_left": os.environ.get("RAY_worker_niceness")}), flush=True)
+                  "env_left": os.environ.get("RAY_worker_niceness"),
+                  "state_api": state_api}), flush=True)
 ray.shutdown()
 """
 
@@ -72,5 +77,10 @@ def test_local_workers_run_at_the_drivers_priority_unless_the_user_says_otherwis
     assert seen["watcher"] == "0"  # Ray Train's controller, a worker too, reads it there
     assert seen["env_left"] is None  # the setting is not left behind in the driver's env
 
-    seen = _seen(user_set)
-    assert seen["worker"] == 7 and seen["watcher"] == "1"
+    seen_user_set = _seen(user_set)
+    assert seen_user_set["worker"] == 7 and seen_user_set["watcher"] == "1"
+
+    # Neither instance has a dashboard, yet each names a State API address; were it the same
+    # (Ray's default port), a dashboard another instance held there would answer one run's
+    # cleaner "no such actor" and it would remove that run's live workers.
+    assert seen["state_api"] != seen_user_set["state_api"]
