@@ -1,5 +1,10 @@
 """`ray job submit` of the jobs against a real local head, as a user would on a cluster: the
-training job, an InfoCSE run and a Tune search, on a head with exactly the Train workers' CPUs.
+training job on a head with exactly the Train workers' CPUs.
+
+A search on exactly its trials' CPUs is tests/tune/test_tune_search_end_to_end.py (2 CPUs, 2
+workers per trial: it finishes only if the plan leaves Ray Data its share); a search driven on
+a cluster it joined, tests/cluster/test_node_loss.py; InfoCSE jobs submitted to a cluster,
+tests/cluster/test_infocse_object_storage.py.
 
 The head runs with token auth (as cluster/*.yaml configure every node), the job goes through
 the dashboard's job API with cluster/runtime_env.yaml (plus the hub off: the test machines have
@@ -32,7 +37,7 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def head():
-    """One head for the module's four jobs, as a user's cluster takes job after job: token
+    """One head for the module's jobs, as a user's cluster takes job after job: token
     auth and exactly the machine's 2 CPUs, i.e. num_workers × cpus_per_worker of every job
     here. Each job is its own driver, so nothing of one is left holding CPUs for the next
     (were it, the next job could not fit and would fail or wait, not pass). One start-up and
@@ -107,37 +112,6 @@ def test_submitted_training_job_succeeds_and_exports_a_loadable_model(
     assert np.isfinite(embeddings).all()
     metrics = json.loads((output / "metrics.json").read_text())
     assert metrics["steps"] == STEPS
-
-
-def test_a_submitted_search_fits_a_head_with_exactly_the_workers_cpus(
-    head, tmp_path, tiny_bert_path
-):
-    # The same 2-CPU head (exactly num_workers × cpus_per_worker) for a 2-trial search, which
-    # needs Ray Data beside its Train workers: it must plan a data share and finish, not wait.
-    # (InfoCSE jobs are submitted to a cluster by tests/cluster/test_infocse_object_storage.py;
-    # the plan that lowers them is tests/cluster/test_resource_plan.py.)
-    corpus = tmp_path / "corpus.txt"
-    lines = Path(shipped_corpus("wiki_sentences.txt")).read_text().splitlines()[:200]
-    corpus.write_text("\n".join(lines) + "\n")
-    tune_out = tmp_path / "tune"
-    search = _submit_job(
-        head,
-        "jobs/tune_informin.py",
-        "--config",
-        "jobs/configs/tune_tiny.yaml",
-        "--num-samples",
-        "2",
-        "--output",
-        str(tune_out),
-        f"model.path={tiny_bert_path}",
-        f"data.path={corpus}",
-    )
-    search_logs = search.stdout + search.stderr
-    assert search.returncode == 0, search_logs[-6000:]
-    assert "lowered to leave Ray Data its share" in search_logs, search_logs[-6000:]
-    summary = json.loads((tune_out / "summary.json").read_text())
-    assert summary["trials"] == 2 and summary["errored"] == [] and not summary["interrupted"]
-    assert (tune_out / "best_model" / "modules.json").is_file()
 
 
 def _runtime_env_json() -> str:
