@@ -61,19 +61,6 @@ def _tiny_run_config(tmp_path: Path, model_path: str) -> Path:
     return path
 
 
-def _submit(head, config_path: Path, output: Path, *overrides: str, **kwargs):
-    return _submit_job(
-        head,
-        "jobs/train_informin.py",
-        "--config",
-        str(config_path),
-        "--output",
-        str(output),
-        *overrides,
-        **kwargs,
-    )
-
-
 def test_submitted_training_job_succeeds_and_exports_a_loadable_model(
     head, tmp_path, tiny_bert_path
 ):
@@ -122,10 +109,15 @@ def _runtime_env_json() -> str:
     return json.dumps(runtime_env)
 
 
-def _submit_job(
-    head, script: str, *args: str, submission_id: str | None = None, timeout: float = 900
+def _submit(
+    head,
+    config_path: Path,
+    output: Path,
+    *overrides: str,
+    submission_id: str | None = None,
+    timeout: float = 900,
 ) -> subprocess.CompletedProcess:
-    """`ray job submit` of a job script to `head`, as a user runs it on a cluster."""
+    """`ray job submit` of the training job to `head`, as a user runs it on a cluster."""
     return subprocess.run(
         [
             RAY_CLI,
@@ -140,8 +132,12 @@ def _submit_job(
             ".",
             "--",
             "python",
-            script,
-            *args,
+            "jobs/train_informin.py",
+            "--config",
+            str(config_path),
+            "--output",
+            str(output),
+            *overrides,
         ],  # fmt: skip
         cwd=REPO,
         env=head.client_env(),
