@@ -16,7 +16,6 @@ import logging
 import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer
 
 from distributed_emb.data.corpus import corpus_columns
 from distributed_emb.data.data_config import DataConfig
@@ -105,6 +104,10 @@ class TextEncoder:
 def text_encoder(path: str, max_length: int, trust_remote_code: bool = False) -> TextEncoder:
     key = (path, max_length, trust_remote_code)
     if key not in _ENCODERS:
+        # Here, not at the top: the column names above are read by processes that never
+        # tokenise (a rank reading its shards), and transformers brings torch (~2 s of CPU).
+        from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ENCODERS[key] = TextEncoder(tokenizer, max_length)
     return _ENCODERS[key]
