@@ -26,6 +26,14 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 # suite makes ~40 Train runs; every Ray it starts (shared, jobs, heads, clusters) inherits this.
 # A slow poll is only a missed health check (fatal after 10 min), so nothing else changes.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# torch's OpenMP threads wait for the next parallel region by spinning (libgomp's default), and
+# a tiny model's operators are microseconds apart, so its idle threads spin nearly all the time.
+# The suite runs two lanes and their Ray workers on two cores: every spinning thread takes a
+# core from a process with work. Measured under the suite's load, 300 training steps of the tiny
+# BERT with torch's 2 threads: 8.2-10.5 core-seconds (6.1-7.8 s) spinning, 2.4-2.6 (2.4-2.6 s)
+# sleeping. Read by libgomp when torch loads, so set here, before anything imports torch; every
+# process the suite starts inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from harness import lanes, local_ray  # noqa: E402
 
 import distributed_emb.runtime  # noqa: E402, F401

@@ -74,10 +74,10 @@ def test_every_floor_is_pinned_in_the_ci_constraints_and_nothing_else():
 
 def test_ci_installs_with_the_floors_and_torch_at_its_floor():
     ci = (REPO / ".ci" / "run").read_text()
-    assert re.search(r'pip install -q -e "\.\[dev\]" -c \.ci/floors\.txt', ci)
+    assert re.search(r'pip install -q --no-compile -e "\.\[dev\]" -c \.ci/floors\.txt', ci)
     torch = _floors_file()["torch"]
     # CI and the README install torch first (a CPU build where one is on the index), at the floor.
-    assert f"pip install -q torch=={torch}" in ci
+    assert f"pip install -q --no-compile torch=={torch}" in ci
     assert f"pip install torch=={torch}" in (REPO / "README.md").read_text()
 
 
@@ -92,10 +92,10 @@ def test_the_readme_test_command_is_the_floors_leg():
 def test_the_newest_leg_installs_unconstrained_and_its_tests_exist():
     ci = (REPO / ".ci" / "run").read_text()
     # The floors leg, then the newest leg: the same extras, the second without constraints.
-    installs = re.findall(r'pip install -q -e "\.\[dev\]".*$', ci, flags=re.MULTILINE)
+    installs = re.findall(r'pip install -q --no-compile -e "\.\[dev\]".*$', ci, flags=re.M)
     assert installs == [
-        'pip install -q -e ".[dev]" -c .ci/floors.txt',
-        'pip install -q -e ".[dev]"',
+        'pip install -q --no-compile -e ".[dev]" -c .ci/floors.txt',
+        'pip install -q --no-compile -e ".[dev]"',
     ]
     [block] = re.findall(r"NEWEST_TESTS=\((.*?)\)", ci, flags=re.DOTALL)
     paths = block.split()

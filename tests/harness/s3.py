@@ -45,7 +45,7 @@ class LoopbackS3:
 def loopback_s3() -> Iterator[LoopbackS3]:
     """Start the server on a free loopback port, set the environment in this process, stop
     both afterwards."""
-    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+    from moto.moto_server.werkzeug_app import create_backend_app
     from werkzeug.serving import make_server
 
     # werkzeug logs every request at INFO on stderr: thousands of lines per run, and CPU.
@@ -55,10 +55,8 @@ def loopback_s3() -> Iterator[LoopbackS3]:
     # every AWS service's URL patterns), which took half the test process's CPU per request
     # (1,200 requests: 6.5 -> 3.6 s). A run that checkpoints to the bucket makes thousands:
     # each file is a multipart upload of three requests, plus heads and lists.
-    server = make_server(
-        "127.0.0.1", 0, create_backend_app("s3"), threaded=True,
-        request_handler=MotoRequestHandler,
-    )  # fmt: skip
+    # (make_server as ThreadedMotoServer calls it in every moto release the floors allow.)
+    server = make_server("127.0.0.1", 0, create_backend_app("s3"), threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="loopback-s3", daemon=True)
     thread.start()
     host, port = server.server_address[:2]
