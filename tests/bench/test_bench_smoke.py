@@ -220,14 +220,18 @@ def test_encoding_bench_times_every_arm_and_checks_their_vectors(tiny_bert_path)
 @pytest.mark.ray
 def test_embed_bench_runs_every_arm_on_both_corpora_and_checks_their_vectors(tiny_bert_path):
     """bench/embed.py --small with a tiny model: the job (its own layout, and the int8 graph),
-    sentence-transformers in one process and in a pool, on sentences and on documents; each
-    arm's vectors checked against one process's (the bench exits non-zero otherwise)."""
+    sentence-transformers in one process and in a pool (of one process: each pool process
+    imports sentence-transformers, ~6 core-seconds, and one shows the arm works), on sentences
+    and on documents; each arm's vectors checked against one process's (the bench exits
+    non-zero otherwise)."""
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench.embed",
             "--small",
+            "--processes",
+            "1",
             "--json",
             "--model",
             tiny_bert_path,
