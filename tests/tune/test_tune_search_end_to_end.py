@@ -1,20 +1,36 @@
 """A real search through jobs/tune_informin.py: tiny BERT, 4 trials of 2 Ray Train workers
 each, ASHA on the 2 CPUs of a 2-core machine (so one trial at a time), tokenising in Ray Data
-through the token cache — while one trial's worker process is SIGKILLed mid-training.
+through the token cache — while one trial's worker process is SIGKILLed mid-training, and the
+whole search is interrupted (Ctrl-C) while the next trial trains, then finished by `--resume`.
 
-What it proves: the killed trial is listed as errored and the others still finish; ASHA
-stopped exactly the trials that a plain re-enactment of its rule stops; the best config is
-a TrainingConfig YAML with the best trial's values; the best model is that trial's best
-checkpoint; plots are written; the whole search tokenised its corpus once.
+What it proves: the killed trial is listed as errored and the others still finish; an
+interrupted search says how to resume and refuses to start over in its directory; the
+resumption does not run an ended trial again, continues the interrupted one from its last
+checkpoint and runs the trials that had not started; ASHA stopped exactly the trials that a
+plain re-enactment of its rule stops; the best config is a TrainingConfig YAML with the best
+trial's values; the best model is that trial's best checkpoint; plots are written; the search,
+in both its processes, tokenised its corpus once.
+
+One search for all of it: an interrupted search as a module of its own cost about 150
+core-seconds, most of them a second Ray start and its trials' start-up. The interrupted run is
+a process of its own (a Ctrl-C reaches a job's main thread); the refused rerun and the
+resumption run in this process (`harness.jobs.run`, as `python jobs/tune_informin.py` runs
+them). The interrupted trial's workers are stopped (SIGSTOP) before the Ctrl-C, once Tune has
+its first checkpoint: it cannot train on while the job winds down, so where it stood is known
+(its step-0 checkpoint) whatever the machine's load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -75,6 +91,89 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return []
 
 
+def _our_train_workers() -> list[psutil.Process]:
+    """The RayTrainWorker processes among this test's descendants (its job's Ray instance)."""
+    return [
+        p
+        for p in psutil.Process(os.getpid()).children(recursive=True)
+        if "RayTrainWorker" in " ".join(_cmdline(p))
+    ]
+
+
+def _reports(output: Path) -> dict[str, list[dict]]:
+    """Each trial's reports to Tune, by trial id; a line still being written is left out."""
+    reports = {}
+    for path in sorted((output / "search").glob("trial_*/result.json")):
+        rows = []
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+        reports[path.parent.name.removeprefix("trial_")] = rows
+    return reports
+
+
+def _checkpoint_states(run_dir: Path) -> list[dict]:
+    """A Train run's saved trainer states, oldest first."""
+    states = [json.loads(p.read_text()) for p in run_dir.glob("checkpoint_*/trainer_state.json")]
+    return sorted(states, key=lambda state: state["step"])
+
+
+def _registered_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints Ray Train has registered for a run (its checkpoint
+    manager's snapshot on storage); none while the snapshot is absent or being written."""
+    snapshot = run_dir / "checkpoint_manager_snapshot.json"
+    try:
+        results = json.loads(snapshot.read_text())["checkpoint_results"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return []
+    return [result["metrics"]["step"] for result in results]
+
+
+def _interrupted_run(args: list[str], output: Path, log: Path) -> dict:
+    """The search in a process of its own: one trial's worker SIGKILLed at its first
+    checkpoint (TrainWorkerKiller); once Ray Train has registered a checkpoint of another
+    trial that has not finished, that trial's workers are stopped and the job gets a SIGINT.
+    Returns the job's exit status and the killed and the interrupted Train runs. The stopped
+    processes are killed once the job is over (they are this test's, and nothing else would
+    end them). Tune's result.json files are no signal here: Tune writes them buffered."""
+    killer = TrainWorkerKiller(output / "ray_results")
+    killer.start()
+    interrupted, frozen = None, []
+    with log.open("w") as handle:
+        job = subprocess.Popen(
+            [sys.executable, str(REPO / "jobs" / "tune_informin.py"), *args],
+            cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 900
+        try:
+            while job.poll() is None and time.monotonic() < deadline:
+                if interrupted is None and killer.killed_run is not None:
+                    training = [
+                        run
+                        for run in (output / "ray_results").glob("search-*")
+                        if run.name != killer.killed_run
+                        and 0 < len(steps := _registered_steps(run))
+                        and max(steps) < MAX_STEPS
+                    ]
+                    if training:
+                        interrupted = training[0].name
+                        frozen = _our_train_workers()
+                        for worker in frozen:
+                            with contextlib.suppress(psutil.Error):
+                                worker.suspend()
+                        job.send_signal(signal.SIGINT)
+                time.sleep(0.1)
+            code = job.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            killer.done.set()
+            for worker in frozen:
+                with contextlib.suppress(psutil.Error):
+                    worker.kill()
+            if job.poll() is None:  # only on a hung test: take the job's whole session down
+                os.killpg(job.pid, signal.SIGKILL)
+    return {"code": code, "killed": killer.killed_run, "interrupted": interrupted}
+
+
 @pytest.fixture(scope="module")
 def search(tmp_path_factory, tiny_bert_path):
     import ray
@@ -82,43 +181,53 @@ def search(tmp_path_factory, tiny_bert_path):
     assert not ray.is_initialized(), "the job must start its own Ray (with the State API)"
     work = tmp_path_factory.mktemp("tune_search")
     output = work / "out"
-    killer = TrainWorkerKiller(output / "ray_results")
-    killer.start()
+    args = [
+        "--config",
+        str(REPO / "jobs" / "configs" / "tune_tiny.yaml"),
+        "--num-samples",
+        "4",
+        "--output",
+        str(output),
+        f"model.path={tiny_bert_path}",
+        f"data.path={tiny_corpus(work)}",
+        "ray.num_cpus=2",  # the core count of the machines CI runs on
+        "ray.object_store_memory_mb=512",
+    ]
+    first = _interrupted_run(args, output, work / "first.log")
+    first["log"] = (work / "first.log").read_text()
+    first["started"] = {run.name for run in (output / "ray_results").glob("search-*")}
+    before = _reports(output)
+    first["reports"] = before
+    first["result_files"] = {
+        trial: (output / "search" / f"trial_{trial}" / "result.json").read_text()
+        for trial in before
+    }
+
+    # Without --resume the directory is refused (nothing is overwritten), before Ray starts.
+    with contextlib.redirect_stderr(io.StringIO()) as refused_err:
+        refused_code = run("tune_informin", args)
+    refused = {"code": refused_code, "err": refused_err.getvalue(), "ray": ray.is_initialized()}
+
+    resumed_at = time.time()
     try:
-        code = run(
-            "tune_informin",
-            [
-                "--config",
-                str(REPO / "jobs" / "configs" / "tune_tiny.yaml"),
-                "--num-samples",
-                "4",
-                "--output",
-                str(output),
-                f"model.path={tiny_bert_path}",
-                f"data.path={tiny_corpus(work)}",
-                "ray.num_cpus=2",  # the core count of the machines CI runs on
-                "ray.object_store_memory_mb=512",
-            ],
-        )
+        with contextlib.redirect_stderr(io.StringIO()) as resumed_log:
+            code = run("tune_informin", ["--output", str(output), "--resume"])
     finally:
-        killer.done.set()
         ray.shutdown()
     summary = json.loads((output / "summary.json").read_text())
     with (output / "results.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    reports = {
-        path.parent.name.removeprefix("trial_"): [
-            json.loads(line) for line in path.read_text().splitlines() if line.strip()
-        ]
-        for path in (output / "search").glob("trial_*/result.json")
-    }
     return {
+        "first": first,
+        "refused": refused,
+        "resumed_at": resumed_at,
         "code": code,
+        "log": resumed_log.getvalue()[-3000:],
         "output": output,
         "summary": summary,
         "rows": rows,
-        "reports": reports,
-        "killed": killer.killed_run,
+        "reports": _reports(output),
+        "killed": first["killed"],
     }
 
 
@@ -135,10 +244,12 @@ def test_each_trial_logs_into_its_own_directory_and_tune_writes_event_files(sear
     for trial, reports in search["reports"].items():
         own = output / "trials" / f"search-{trial}"
         evals = [r for r in read_train_log(own / "train_log.jsonl") if r["kind"] == "eval"]
-        # This trial's own scores; a trial that ASHA stops or that is killed may log one more
-        # evaluation than reached Tune.
+        # This trial's own scores, consecutive evaluations of its log: a trial that ASHA stops
+        # or that is killed may log one more evaluation than reached Tune, and Tune keeps a
+        # resumed trial's results from the resumption on only (docs/TUNE.md, "Resume").
         logged = {r["step"]: r["stsb_dev_spearman"] for r in evals}
-        assert sorted(logged)[: len(reports)] == [r["step"] for r in reports]
+        steps = [r["step"] for r in reports]
+        assert steps == [s for s in sorted(logged) if steps and s >= steps[0]][: len(steps)]
         for report in reports:
             assert logged[report["step"]] == pytest.approx(report["stsb_dev_spearman"])
         assert "STS-B dev Spearman" in (own / "run.log").read_text()
@@ -148,7 +259,7 @@ def test_each_trial_logs_into_its_own_directory_and_tune_writes_event_files(sear
 
 
 def test_a_killed_trial_is_listed_as_errored_and_the_others_finish(search):
-    assert search["code"] == 0
+    assert search["code"] == 0, search["log"]
     assert search["killed"] is not None, "no Train worker was found to kill"
     killed_trial = search["killed"].removeprefix("search-")
     rows = {row["trial"]: row for row in search["rows"]}
@@ -173,41 +284,85 @@ def test_table_is_sorted_by_best_dev_score_with_unscored_trials_last(search):
     assert (search["output"] / "results.md").read_text().count("\n") == 2 + 4
 
 
-def _asha_stops(reports: dict[str, list[dict]]) -> set[str]:
+def test_an_interrupted_search_says_how_to_resume_and_will_not_start_over(search):
+    first, refused = search["first"], search["refused"]
+    assert first["code"] == 130, first["log"][-3000:]
+    assert "--resume" in first["log"]
+    assert refused["code"] == 2 and "--resume" in refused["err"], refused["err"][-3000:]
+    assert not refused["ray"]  # refused before Ray started
+
+
+def test_the_resumption_runs_no_ended_trial_again_and_continues_the_interrupted_one(search):
+    first, output = search["first"], search["output"]
+    assert search["code"] == 0, search["log"]
+    assert not search["summary"]["interrupted"] and search["summary"]["trials"] == 4
+    assert first["interrupted"] is not None, "no trial was interrupted: " + first["log"][-3000:]
+    interrupted = first["interrupted"].removeprefix("search-")
+    # The killed trial had ended before the interrupt: it was not run again.
+    killed = search["killed"].removeprefix("search-")
+    result = output / "search" / f"trial_{killed}" / "result.json"
+    after = result.read_text() if result.is_file() else None
+    assert after == first["result_files"].get(killed)
+    # The interrupted trial had not finished; it continued from its last checkpoint (one
+    # restart) and evaluated every step once.
+    steps_before = [report["step"] for report in first["reports"].get(interrupted, [])]
+    assert not steps_before or max(steps_before) < MAX_STEPS
+    state = _checkpoint_states(output / "ray_results" / f"search-{interrupted}")[-1]
+    assert state["restarts"] == 1
+    assert [row["step"] for row in state["history"]] == list(range(0, MAX_STEPS + 1, GRACE))
+    # The two trials that had not started ran after it.
+    runs = {run.name for run in (output / "ray_results").glob("search-*")}
+    assert len(runs) == 4 and len(runs - first["started"]) == 2
+
+
+def _asha_stops(reports: dict[str, list[dict]], resumed_at: float) -> set[str]:
     """ASHA's rule re-enacted from the trials' reports, in the order they happened (one
-    trial at a time): at the first report at or past the rung (step 2), a trial stops if its
+    trial at a time): at its first report at or past the rung (step 2), a trial stops if its
     score is below the median of the scores recorded there before it (reduction factor 2);
-    its score is then recorded. Reports at max_t end the trial anyway."""
-    reported = [trial for trial in reports if reports[trial]]  # a killed trial may have none
-    order = sorted(reported, key=lambda trial: reports[trial][0]["timestamp"])
+    its score is then recorded. Reports at max_t end the trial anyway. Tune does not save its
+    scheduler's state: the resumed search's ASHA starts with nothing recorded and judges
+    every trial afresh."""
+    order = sorted(
+        ((report["timestamp"], trial, index), report)
+        for trial, rows in reports.items()
+        for index, report in enumerate(rows)
+    )
     recorded: list[float] = []
+    judged: set[str] = set()
     stopped = set()
-    for trial in order:
-        for report in reports[trial]:
-            if report["step"] >= MAX_STEPS or report["step"] < GRACE:
-                continue
-            score = report["select_score"]  # Tune's metric (eval.select_by's score)
-            if recorded and score < statistics.median(recorded):
-                stopped.add(trial)
-            recorded.append(score)
-            break
+    fresh = False
+    for (timestamp, trial, _), report in order:
+        if not fresh and timestamp >= resumed_at:
+            recorded, judged, fresh = [], set(), True
+        if trial in judged or report["step"] >= MAX_STEPS or report["step"] < GRACE:
+            continue
+        score = report["select_score"]  # Tune's metric (eval.select_by's score)
+        if recorded and score < statistics.median(recorded):
+            stopped.add(trial)
+        recorded.append(score)
+        judged.add(trial)
     return stopped
 
 
 def test_asha_stopped_exactly_the_trials_its_rule_stops(search):
     actual = {row["trial"] for row in search["rows"] if row["status"] == "stopped early"}
-    assert actual == _asha_stops(search["reports"])
+    assert actual == _asha_stops(search["reports"], search["resumed_at"])
 
 
 def test_trials_ran_one_at_a_time_as_the_resources_allow(search):
     """2 CPUs: Ray Data's 1, then 2 workers (lowered to 0.5 CPU each) per trial, the driver on
-    memory alone: one trial at a time."""
+    memory alone: one trial at a time (in each of the search's two processes)."""
     assert search["summary"]["max_concurrent_trials"] == 1
-    spans = sorted(
-        (rows[0]["timestamp"] - rows[0]["time_this_iter_s"], rows[-1]["timestamp"])
-        for rows in search["reports"].values()
-        if rows
-    )
+    spans = []
+    for rows in search["reports"].values():
+        for part in (
+            [r for r in rows if r["timestamp"] < search["resumed_at"]],
+            [r for r in rows if r["timestamp"] >= search["resumed_at"]],
+        ):
+            if part:
+                spans.append((part[0]["timestamp"] - part[0]["time_this_iter_s"],
+                              part[-1]["timestamp"]))  # fmt: skip
+    spans.sort()
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert start >= end - 1  # timestamps are whole seconds
 
