@@ -15,9 +15,9 @@ One search for all of it: an interrupted search as a module of its own cost abou
 core-seconds, most of them a second Ray start and its trials' start-up. The interrupted run is
 a process of its own (a Ctrl-C reaches a job's main thread); the refused rerun and the
 resumption run in this process (`harness.jobs.run`, as `python jobs/tune_informin.py` runs
-them). The interrupted trial's workers are stopped (SIGSTOP) before the Ctrl-C, once Tune has
-its first checkpoint: it cannot train on while the job winds down, so where it stood is known
-(its step-0 checkpoint) whatever the machine's load.
+them). The interrupted trial's workers are stopped (SIGSTOP) before the Ctrl-C, once Ray Train
+has registered one of its checkpoints: it cannot train on while the job winds down, so where it
+stood is known (that checkpoint) whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -72,11 +72,7 @@ class TrainWorkerKiller(threading.Thread):
         while not self.done.is_set():
             runs = sorted(self.train_storage.glob("*/checkpoint_*"))
             if runs:
-                workers = [
-                    p
-                    for p in psutil.Process(os.getpid()).children(recursive=True)
-                    if "RayTrainWorker" in " ".join(_cmdline(p))
-                ]
+                workers = _our_train_workers()
                 if workers:
                     self.killed_run = runs[0].parent.name
                     os.kill(min(w.pid for w in workers), signal.SIGKILL)
