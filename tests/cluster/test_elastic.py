@@ -58,8 +58,11 @@ REPO = Path(__file__).resolve().parents[2]
 # Enough steps that the run outlasts the second node's start, Ray Train's noticing it (up to
 # 20 s, the autoscaling coordinator's tick) and the resize: a step takes about a second on an
 # idle 2-core machine, and with 24 steps the run finished on one worker before the grown group
-# could start (the growth went unseen).
-STEPS = 96
+# could start (the growth went unseen). On an idle machine the group grew after about 30 steps
+# and its node was lost 3 steps later; every step after that is the shrunk group finishing
+# (96 steps: 57 s of the run's 170 s), so 64 leaves the growth 30 steps of margin. A busy
+# machine only adds margin: the steps slow down, the coordinator's tick does not.
+STEPS = 64
 GLOBAL_BATCH = 16  # train.batch_size 8 × at most 2 workers
 STEPS_AT_TWO = 2  # steps the grown group trains before its node is killed
 
