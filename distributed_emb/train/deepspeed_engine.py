@@ -114,6 +114,22 @@ def deepspeed_config(train_config: TrainLoopConfig) -> dict:
     return config
 
 
+# DeepSpeed's op that it compiles on a CPU (deepspeed/ops/op_builder/cpu/comm.py).
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def skip_the_inference_all_reduce_build(deepspeed) -> None:
+    """On a CPU, DeepSpeed compiles a C++ op (deepspeed_shm_comm) with the machine's compiler
+    when it sets up its communication (deepspeed/comm/torch.py, build_shm_op), unless its table
+    of compatible ops says no. The op serves DeepSpeed-Inference's `inference_all_reduce` alone,
+    which training never calls, and the build needs g++ on every node and took 60 core-seconds
+    (once per extensions directory). Marked incompatible here; the table is DeepSpeed's own,
+    so a release without it (or without the op) is left as it is."""
+    compatible = getattr(getattr(deepspeed, "ops", None), "__compatible_ops__", None)
+    if isinstance(compatible, dict) and SHM_COMM_OP in compatible:
+        compatible[SHM_COMM_OP] = False
+
+
 class DeepSpeedEngine:
     def __init__(
         self,
@@ -124,6 +140,8 @@ class DeepSpeedEngine:
     ):
         import deepspeed  # optional
 
+        if device.type == "cpu":
+            skip_the_inference_all_reduce_build(deepspeed)
         self.module = module.to(device)
         self.device = device
         self.config = deepspeed_config(train_config)

@@ -163,3 +163,18 @@ def test_a_doctored_checkpoint_is_refused_before_its_code_runs(single_process_gr
     # The documented way out, for a checkpoint you wrote: DeepSpeed's own pickle loading.
     _engine(seed=1, trust=True).load(str(tmp_path / "checkpoint"))
     assert marker.exists()
+
+
+def test_a_cpu_engine_compiles_no_inference_op(single_process_group):
+    """On a CPU, DeepSpeed compiles its shared-memory all-reduce op (for DeepSpeed-Inference)
+    when it sets up communication; the engine tells it not to: no compiler, no 60 core-seconds,
+    and training's collectives are torch's, as before."""
+    import deepspeed
+    import deepspeed.comm.comm as ds_comm
+
+    from distributed_emb.train.deepspeed_engine import SHM_COMM_OP
+
+    engine = _engine(seed=0)
+    _train_steps(engine, 1)
+    assert ds_comm.cdb is not None and ds_comm.cdb.shm_comm_op is None
+    assert deepspeed.ops.__compatible_ops__[SHM_COMM_OP] is False
