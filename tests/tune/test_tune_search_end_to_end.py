@@ -42,6 +42,7 @@ from harness.jobs import run
 
 from distributed_emb.config import TrainingConfig, load_config
 from distributed_emb.paths import shipped_corpus
+from distributed_emb.train.checkpointing import STATE_FILE
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -110,7 +111,7 @@ def _reports(output: Path) -> dict[str, list[dict]]:
 
 def _checkpoint_states(run_dir: Path) -> list[dict]:
     """A Train run's saved trainer states, oldest first."""
-    states = [json.loads(p.read_text()) for p in run_dir.glob("checkpoint_*/trainer_state.json")]
+    states = [json.loads(p.read_text()) for p in run_dir.glob(f"checkpoint_*/{STATE_FILE}")]
     return sorted(states, key=lambda state: state["step"])
 
 
@@ -382,7 +383,7 @@ def test_best_config_and_model_are_the_best_trials(search, tiny_bert_path):
     # The exported model comes from the best trial's own Train run, at its best step.
     checkpoint = Path(summary["best_checkpoint"])
     assert checkpoint.parent.name == f"search-{best_row['trial']}"
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state = json.loads((checkpoint / STATE_FILE).read_text())
     assert state["step"] == int(best_row["best_step"])
     model = SentenceTransformer(summary["best_model"], device="cpu")
     assert model.encode(["a sentence", "another one"]).shape == (2, 32)
