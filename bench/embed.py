@@ -19,7 +19,8 @@ round by round:
 
 - `embed_job`: vectors/corpus_embedding.py `embed_corpus` as jobs/embed.py runs it once Ray is
   up (Ray's start is not timed, as in bench/encoding.py), with the layout it chooses by itself
-  (vectors/embed_layout.py: on one machine one actor, every core as its threads): reading the
+  (vectors/embed_layout.py: on one machine one actor, every core as its threads) and its
+  default number format (embed.compute_dtype=auto: bfloat16 on a CPU with AMX): reading the
   corpus file, embedding and writing float32 shards (text included) and the manifest into a
   fresh directory, blocks of `--block-rows` lines;
 - `embed_job_onnx_int8`: the same with `embed.backend=onnx_int8` (the int8 ONNX graph through
@@ -31,8 +32,10 @@ round by round:
   `encode(sentences, pool=pool)`, what sentence-transformers offers for several processes; its
   workers keep torch's default threads, as a user's would.
 
-`--arms` adds (or picks) others: `embed_job_actor_per_core` (the job's layout before it chose
-one: P actors of one torch thread), `embed_job_onnx` (the fp32 graph) and
+`--arms` adds (or picks) others: `embed_job_float32` (the job in float32 whatever the CPU),
+`embed_job_actor_per_core` (the job's layout before it chose one: P actors of one torch
+thread), `embed_job_onnx` (the fp32 graph), `st_one_process_bfloat16` (the baseline under
+``torch.autocast("cpu", dtype=torch.bfloat16)``, what a user could do by hand) and
 `st_multi_process_1_thread` (OMP_NUM_THREADS=1 in the pool's workers).
 
 Every arm runs once on 64 rows of each corpus first (imports, first calls, the graph's export:
@@ -73,7 +76,13 @@ from distributed_emb.vectors.embed_config import EmbedJobConfig
 BATCH = 128
 BASELINE = "st_one_process"
 DEFAULT_ARMS = ("embed_job", "embed_job_onnx_int8", BASELINE, "st_multi_process")
-OTHER_ARMS = ("embed_job_actor_per_core", "embed_job_onnx", "st_multi_process_1_thread")
+OTHER_ARMS = (
+    "embed_job_float32",
+    "embed_job_actor_per_core",
+    "embed_job_onnx",
+    "st_one_process_bfloat16",
+    "st_multi_process_1_thread",
+)
 # Least row cosine with the baseline's vectors per arm (the int8 graph: least mean cosine).
 LEAST_COSINE = {"embed_job_onnx": 0.999}
 PASSAGE_CHARS = (300, 1600)
@@ -168,11 +177,15 @@ def st_pool_arm(model: str, texts: list[str], processes: int, threads: str | Non
         encoder.stop_multi_process_pool(pool)
 
 
-def st_one_process_arm(model: str, texts: list[str]) -> np.ndarray:
+def st_one_process_arm(model: str, texts: list[str], dtype: str = "float32") -> np.ndarray:
+    """`encode` in this process; `dtype` "bfloat16": under autocast (model/compute_dtype.py)."""
     from sentence_transformers import SentenceTransformer  # startup
 
+    from distributed_emb.model.compute_dtype import computing_in
+
     encoder = SentenceTransformer(model, device="cpu")
-    return encoder.encode(texts, batch_size=BATCH, show_progress_bar=False)
+    with computing_in(dtype, "cpu"):
+        return encoder.encode(texts, batch_size=BATCH, show_progress_bar=False)
 
 
 def make_arms(args, model: str, scratch: Path) -> dict:
@@ -188,10 +201,14 @@ def make_arms(args, model: str, scratch: Path) -> dict:
         "embed_job": job(),
         "embed_job_onnx_int8": job("embed.backend=onnx_int8", graphs),
         "embed_job_onnx": job("embed.backend=onnx", graphs),
+        "embed_job_float32": job("embed.compute_dtype=float32"),
         "embed_job_actor_per_core": job(
             f"embed.concurrency={args.processes}", "embed.torch_threads=1"
         ),
         BASELINE: lambda corpus, texts: st_one_process_arm(model, texts),
+        "st_one_process_bfloat16": lambda corpus, texts: st_one_process_arm(
+            model, texts, "bfloat16"
+        ),
         "st_multi_process": lambda corpus, texts: st_pool_arm(model, texts, args.processes, None),
         "st_multi_process_1_thread": lambda corpus, texts: st_pool_arm(
             model, texts, args.processes, "1"

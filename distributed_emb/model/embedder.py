@@ -37,6 +37,12 @@ import numpy as np
 import ray
 import torch
 
+from distributed_emb.model.compute_dtype import (
+    check_bfloat16,
+    computing_in,
+    resolve_compute_dtype,
+    settle_after_check,
+)
 from distributed_emb.model.model_config import ROLES, role_prompt
 from distributed_emb.model.sentence_transformer import load_sentence_transformer
 from distributed_emb.progress_report import Progress
@@ -58,6 +64,9 @@ class Embedder:
     `embed_as`: the role ("query", "document") :meth:`embed` and the batches embed texts as
     when none is given (None: plain ``encode``). `query_prompt`, `document_prompt`: the text
     put before a query or a document instead of the model's own ("": none; None: the model's).
+    `compute_dtype`: what the forward passes multiply in (model/compute_dtype.py: "float32",
+    "bfloat16", or "auto": bfloat16 on a CPU with AMX); bfloat16 is checked against float32 on
+    the first texts embedded, and `precision_check` holds the figures.
     """
 
     def __init__(
@@ -75,6 +84,7 @@ class Embedder:
         embed_as: str | None = None,
         query_prompt: str | None = None,
         document_prompt: str | None = None,
+        compute_dtype: str = "float32",
     ) -> None:
         if embed_as is not None and embed_as not in ROLES:
             raise ValueError(f"embed_as must be one of {ROLES} or None, got {embed_as!r}")
@@ -95,6 +105,9 @@ class Embedder:
         self.normalize = normalize
         self.embed_as = embed_as
         self.prompt_settings = {"query": query_prompt, "document": document_prompt}
+        self.requested_dtype = compute_dtype
+        self.compute_dtype = resolve_compute_dtype(compute_dtype, self.model.device.type)
+        self.precision_check = None  # model/compute_dtype.py PrecisionCheck, once checked
 
     def prompt(self, role: str | None) -> str:
         """The text put before each text embedded as `role` ("" for none): the setting, else
@@ -136,6 +149,25 @@ class Embedder:
         else:
             raise ValueError(f"role must be one of {ROLES} or None, got {role!r}")
         sentences = list(sentences)
+        if self.compute_dtype == "bfloat16" and self.precision_check is None and sentences:
+            self._check_bfloat16(encode, options, sentences)
+        with computing_in(self.compute_dtype, self.model.device.type):
+            return self._encode_in_order(encode, options, sentences)
+
+    def _check_bfloat16(self, encode: Callable, options: dict, sentences: list[str]) -> None:
+        """Compare bfloat16 with float32 on the first texts (model/compute_dtype.py) and
+        settle the dtype: float32 from here on if `auto`'s bfloat16 failed the check."""
+
+        def embed_in(dtype: str, texts: list[str]) -> np.ndarray:
+            with computing_in(dtype, self.model.device.type):
+                return encode(texts, **options)
+
+        self.precision_check = check_bfloat16(embed_in, sentences)
+        self.compute_dtype = settle_after_check(self.requested_dtype, self.precision_check)
+
+    def _encode_in_order(self, encode: Callable, options: dict, sentences: list[str]):
+        """`encode` over `sentences`, (n, d) float32 in their order; a long list in chunks,
+        with progress."""
         chunk = self.batch_size * BATCHES_PER_PROGRESS_STEP
         if len(sentences) <= chunk:  # a Ray Data batch, a small set: one call
             embeddings = encode(sentences, **options)

@@ -49,6 +49,7 @@ last block and its rows" from a stream of per-block counts.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -112,6 +113,10 @@ WRITTEN = "written"
 DIM = "dim"
 NORMALIZED = "normalized"
 PROMPT = "prompt"  # the text put before each row ("" for none)
+# What the torch model multiplied in (model/compute_dtype.py; null for a graph) and, for
+# bfloat16, its check against float32 (JSON).
+COMPUTED_IN = "computed_in"
+PRECISION_CHECK = "precision_check"
 
 
 @dataclass(frozen=True)
@@ -272,8 +277,14 @@ class BlockWriter:
                 DIM: pa.array([self.dimension] * count, pa.int64()),
                 NORMALIZED: pa.array([self.normalizes] * count, pa.bool_()),
                 PROMPT: pa.array([self.prompt(self.embed_as)] * count, pa.string()),
+                COMPUTED_IN: pa.array([self.compute_dtype] * count, pa.string()),
+                PRECISION_CHECK: pa.array([self._check_json()] * count, pa.string()),
             }
         )
+
+    def _check_json(self) -> str | None:
+        check = self.precision_check
+        return None if check is None else json.dumps(check.as_dict())
 
     def write_block(self, first_id: int, ids: np.ndarray, texts: list[str]) -> None:
         # Embedded as `embed_as` (embed.rows_as): (n, d) float32 | int8, or (n, d/8) uint8.
@@ -477,6 +488,8 @@ def embed_corpus(config: EmbedJobConfig, layout: EmbedLayout | None = None) -> E
                 "precision": embed.precision,
                 "ranges": ranges,
                 "write_text": embed.write_text,
+                # The torch model's number format (the int8 calibration sample is float32's).
+                "compute_dtype": embed.compute_dtype,
                 **_graph_options(graph),
             },
         )
@@ -560,4 +573,18 @@ def _manifest(
         "backend": config.embed.backend,
         "graph": None if graph is None else graph_reference(config.embed.output_dir, graph),
         "agreement": None if graph is None else graph.agreement,
+        # The torch model's number format (embed.compute_dtype; model/compute_dtype.py): what
+        # the blocks this run wrote were multiplied in, and bfloat16's check against float32
+        # (the worst actor's figures). None for a graph.
+        **_precision(summaries),
     }
+
+
+def _precision(summaries: dict[int, dict]) -> dict:
+    """The manifest's compute_dtype (the dtypes the written blocks were embedded in, sorted)
+    and precision_check (the lowest mean cosine any actor's check found, with its figures)."""
+    written = [s for s in summaries.values() if s[WRITTEN]]  # a graph's summaries say None
+    dtypes = sorted({s[COMPUTED_IN] for s in written if s[COMPUTED_IN]})
+    checks = [json.loads(s[PRECISION_CHECK]) for s in written if s[PRECISION_CHECK]]
+    worst = min(checks, key=lambda check: check["mean_cosine"], default=None)
+    return {"compute_dtype": dtypes or None, "precision_check": worst}

@@ -219,8 +219,12 @@ class GraphEmbedder:
     keywords (what encoding_pool passes every actor) and the methods the pool and the shard
     writer call. `model_path` is the folder holding onnx/ (local or object storage: copied to
     the node once); `variant` the graph; `torch_threads` onnxruntime's intra-op threads;
-    `pooler`, `device` and `trust_remote_code` have no use here (the graph holds the model's
-    pooling; it runs on CPUs)."""
+    `pooler`, `device`, `trust_remote_code` and `compute_dtype` have no use here (the graph holds
+    the model's pooling and its own number format; it runs on CPUs)."""
+
+    # What the shard writer records of a torch model's number format: nothing for a graph.
+    compute_dtype = None
+    precision_check = None
 
     def __init__(
         self,
@@ -238,6 +242,7 @@ class GraphEmbedder:
         embed_as: str | None = None,
         query_prompt: str | None = None,
         document_prompt: str | None = None,
+        compute_dtype: str = "float32",
     ) -> None:
         from distributed_emb.model.onnx_embedder import OnnxEmbedder  # startup: onnxruntime
 

@@ -50,6 +50,7 @@ class EmbedLayout:
     reason: str
     backend: str = "torch"
     overridden: tuple[str, ...] = ()
+    compute_dtype: str = "auto"  # embed.compute_dtype (the torch model's; each actor settles auto)
 
     @property
     def line(self) -> str:
@@ -63,9 +64,15 @@ class EmbedLayout:
             if self.overridden
             else "; embed.concurrency and embed.torch_threads override it"
         )
+        dtype = ""
+        if self.backend == "torch":
+            dtype = f" in {self.compute_dtype}"
+            if self.compute_dtype == "auto":
+                dtype += " (bfloat16 on a CPU with AMX, else float32)"
         return (
             f"layout: {self.reason}: {actors} × {self.threads} {threads}, "
-            f"{_num(self.num_cpus_per_actor)} CPU{gpu} reserved each ({self.backend}{given})"
+            f"{_num(self.num_cpus_per_actor)} CPU{gpu} reserved each "
+            f"({self.backend}{dtype}{given})"
         )
 
 
@@ -98,6 +105,7 @@ def choose_layout(cluster: ClusterShape, embed: EmbedConfig) -> EmbedLayout:
         reason=reason,
         backend=embed.backend,
         overridden=overridden,
+        compute_dtype=embed.compute_dtype,
     )
 
 

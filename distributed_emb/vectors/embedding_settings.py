@@ -45,6 +45,7 @@ SETTING_KEYS = {
     "normalize": "embed.normalize",
     "precision": "embed.precision",
     "backend": "embed.backend",
+    "compute_dtype": "embed.compute_dtype",
     "calibration_rows": "embed.calibration_rows",
     "block_rows": "embed.block_rows",
     "write_text": "embed.write_text",
@@ -95,6 +96,9 @@ def embedding_settings(config: EmbedJobConfig, files: CorpusFiles) -> dict:
         "precision": embed.precision,
         # None for torch (as outputs from before the setting say), else onnx or onnx_int8.
         "backend": None if embed.backend == "torch" else embed.backend,
+        # As given ("auto" decides per actor, from its CPU); outputs from before the setting
+        # were embedded in float32.
+        "compute_dtype": embed.compute_dtype,
         "calibration_rows": embed.calibration_rows if embed.precision == "int8" else None,
         "block_rows": embed.block_rows,
         "write_text": embed.write_text,
@@ -121,6 +125,8 @@ def require_same_settings(out: str, settings: dict) -> None:
     advice = f"embed into another --output, or delete {out} to start over"
     for name, key in SETTING_KEYS.items():
         then, now = earlier.get(name), settings[name]
+        if name == "compute_dtype" and name not in earlier:
+            then = "float32"
         if then == now:
             continue
         if name == "backend":  # null is torch

@@ -9,7 +9,9 @@ The layout (written by the embed job, read by the index, search and mining):
                                              {query, document} (the embed job's settings),
                                              rows_as (document or query), row_prompt, and
                                              backend (torch, onnx, onnx_int8: absent is
-                                             torch) with the graph and its agreement)
+                                             torch) with the graph and its agreement;
+                                             compute_dtype (the torch model's number format,
+                                             a list) with bfloat16's precision_check)
     OUT/shards/part-<first_id:012d>.parquet  id (int64), embedding (fixed_size_list of
                                              float32, int8, or uint8 bits for ubinary), text
                                              and document (optional); rows sorted by id

@@ -1,7 +1,8 @@
 """jobs/embed.py on the shipped sentences with a tiny random BERT: every kept row of the reader
 in exactly one shard, with the vectors the in-process Embedder gives, for 1 and 2 actors and
 after an actor is killed; a rerun embeds only the missing shards; int8 ranges are saved and
-reused; the layout line; embed.backend=onnx_int8 writes OnnxEmbedder's vectors of the exported
+reused; the layout line; bfloat16 (embed.compute_dtype) checked and recorded per block and in
+the manifest; embed.backend=onnx_int8 writes OnnxEmbedder's vectors of the exported
 graph, records its agreement, and search embeds its queries through it; a graph failing the
 check is refused; bad input is one line naming the key, before Ray starts."""
 
@@ -57,6 +58,9 @@ def job_args(out: Path, model: str, *extra: str, rows: int = ROWS) -> list[str]:
         f"embed.block_rows={BLOCK_ROWS}",
         "embed.batch_size=16",
         "embed.num_cpus_per_actor=0.5",
+        # The default (auto) is bfloat16 on a CPU with AMX: these runs are compared with the
+        # float32 in-process embedder to 1e-5. bfloat16 in the job: the tests at the end.
+        "embed.compute_dtype=float32",
         *extra,
     ]
 
@@ -425,6 +429,7 @@ def test_no_output_is_named(capsys):
         ("embed.block_rows=50", "embed.block_rows=40"),
         ("embed.precision=int8", "embed.precision=float32"),
         ("embed.backend=onnx_int8", "embed.backend=torch"),
+        ("embed.compute_dtype=bfloat16", "embed.compute_dtype=float32"),
         (f"data.path={shipped_corpus('lee_documents.jsonl')}", "data.path:"),
     ],
 )
@@ -470,3 +475,120 @@ def test_the_index_flag_indexes_every_shard_and_reports_its_recall(one_actor_out
     assert all((out / s["file"]).is_file() for s in info["shards"])
     (line,) = [x for x in printed.splitlines() if "recall@10 against exact search" in x]
     assert float(line.rsplit(" ", 1)[1]) >= 0.95
+
+
+# ---------------------------------------------------------------------------------------------
+# embed.compute_dtype: the actor's number format, its check and what the manifest says
+# ---------------------------------------------------------------------------------------------
+
+
+def _block_table(first_id: int, texts: list[str]):
+    """One block row as the reading side hands it to an encoding actor."""
+    import pyarrow as pa
+
+    from distributed_emb.vectors import corpus_embedding as ce
+
+    return pa.table(
+        {
+            ce.BLOCK: pa.array([first_id], pa.int64()),
+            ce.ROWS: pa.array([len(texts)], pa.int64()),
+            ce.IDS: pa.array([list(range(first_id, first_id + len(texts)))], pa.list_(pa.int64())),
+            ce.TEXTS: pa.array([texts], pa.list_(pa.string())),
+            ce.EMBED: pa.array([True], pa.bool_()),
+        }
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_an_actor_records_its_number_format_and_bfloat16_s_check(
+    dtype, tiny_bert_path, embedder, tmp_path
+):
+    """The encoding actor's class in process (no Ray): its shard's vectors, the summary row's
+    computed_in and precision_check, and the manifest's fields folded from those rows."""
+    from distributed_emb.model.compute_dtype import CHECK_ROWS
+    from distributed_emb.vectors import corpus_embedding as ce
+
+    _, texts = reader_rows(BLOCK_ROWS)
+    actor = ce.ShardEmbedder(
+        str(tmp_path), "float32", None, True,
+        model_path=tiny_bert_path, pooler="mean", batch_size=16, compute_dtype=dtype,
+        embed_as="document",
+    )  # fmt: skip
+    (summary,) = actor(_block_table(1, texts)).to_pylist()
+    _, vectors, _, _ = _shard(tmp_path / "shards" / "part-000000000001.parquet")
+    exact = embedder.embed(texts)
+    cosines = (unit(vectors) * unit(exact)).sum(axis=1)
+    assert summary[ce.COMPUTED_IN] == dtype
+    folded = ce._precision({1: summary})
+    assert folded["compute_dtype"] == [dtype]
+    if dtype == "float32":
+        np.testing.assert_allclose(vectors, exact, atol=1e-5)
+        assert summary[ce.PRECISION_CHECK] is None and folded["precision_check"] is None
+        return
+    assert not np.allclose(vectors, exact, atol=1e-6)  # bfloat16 did run
+    assert cosines.min() > 0.99
+    check = json.loads(summary[ce.PRECISION_CHECK])
+    assert check == folded["precision_check"] and check["rows"] == CHECK_ROWS
+    # The check's figures are those of the first CHECK_ROWS texts, embedded both ways.
+    assert check["worst_cosine"] == pytest.approx(cosines[:CHECK_ROWS].min(), abs=1e-3)
+
+
+def test_bfloat16_failing_its_check_falls_back_under_auto_and_is_refused_when_asked(
+    tiny_bert_path, embedder, monkeypatch
+):
+    from distributed_emb.model import compute_dtype
+    from distributed_emb.model.embedder import Embedder
+
+    _, texts = reader_rows(BLOCK_ROWS)
+    monkeypatch.setattr(compute_dtype, "MIN_MEAN_COSINE", 1.01)  # no bfloat16 passes
+    monkeypatch.setattr(compute_dtype, "cpu_has_bfloat16_matrices", lambda: True)
+    auto = Embedder(tiny_bert_path, pooler="mean", batch_size=16, compute_dtype="auto")
+    assert auto.compute_dtype == "bfloat16"  # auto's choice on an AMX CPU, before the check
+    np.testing.assert_allclose(auto.embed(texts), embedder.embed(texts), atol=1e-5)
+    assert auto.compute_dtype == "float32" and not auto.precision_check.passed
+    asked = Embedder(tiny_bert_path, pooler="mean", batch_size=16, compute_dtype="bfloat16")
+    with pytest.raises(
+        compute_dtype.PrecisionCheckError,
+        match=r"mean cosine of [01]\.\d{5} with float32.s, below the check.s 1\.01",
+    ):
+        asked.embed(texts)
+
+
+def test_auto_is_float32_without_amx_and_on_gpus(monkeypatch):
+    from distributed_emb.model import compute_dtype
+
+    monkeypatch.setattr(compute_dtype, "cpu_has_bfloat16_matrices", lambda: False)
+    assert compute_dtype.resolve_compute_dtype("auto", "cpu") == "float32"
+    monkeypatch.setattr(compute_dtype, "cpu_has_bfloat16_matrices", lambda: True)
+    assert compute_dtype.resolve_compute_dtype("auto", "cpu") == "bfloat16"
+    assert compute_dtype.resolve_compute_dtype("auto", "cuda:0") == "float32"
+    assert compute_dtype.resolve_compute_dtype("float32", "cpu") == "float32"
+
+
+def test_the_job_prints_what_the_manifest_says_it_computed_in():
+    import importlib
+
+    embed_job = importlib.import_module("jobs.embed")
+    check = {"rows": 32, "mean_cosine": 0.999984, "worst_cosine": 0.99997, "min_mean_cosine": 0.999}
+    line = embed_job.computed_in_line({"compute_dtype": ["bfloat16"], "precision_check": check})
+    assert line == (
+        "computed in bfloat16 (bfloat16 against float32 on 32 texts: mean cosine 0.99998, "
+        "worst 0.99997)"
+    )
+    assert embed_job.computed_in_line({"compute_dtype": ["float32"]}) == "computed in float32"
+
+
+def test_bfloat16_with_an_onnx_backend_is_refused_before_ray(tmp_path, capsys):
+    args = ["--output", str(tmp_path / "out"), "embed.backend=onnx", "embed.compute_dtype=bfloat16"]
+    assert run("embed", args) == 2
+    assert "embed.compute_dtype" in capsys.readouterr().err
+
+
+def _shard(path: Path):
+    table = pq.read_table(path)
+    vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+    return table.column("id").to_numpy(), vectors, table.column("text").to_pylist(), None
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
