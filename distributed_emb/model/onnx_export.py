@@ -45,6 +45,8 @@ VARIANT_FILES = {"fp32": "model.onnx", "int8": "model_qint8.onnx"}
 OUTPUT_NAME = "sentence_embedding"
 EXPORTER = "distributed_emb.model.onnx_export"
 
+log = logging.getLogger(__name__)
+
 
 class UnexportableModelError(UserInputError):
     """The model cannot become one ONNX graph without losing part of what it computes."""
@@ -243,7 +245,16 @@ def write_graph(
 
 def quantize_int8(source: Path, path: Path, per_channel: bool, reduce_range: bool) -> dict:
     """`source` with int8 weights into `path` (activations are quantised at run time, per
-    batch); what export.json records about it."""
+    batch); what export.json records about it.
+
+    The graph is first fused by onnxruntime's transformer optimizer (attention, layer norms
+    and GELU as single onnxruntime operators: :func:`fused_for_onnxruntime`), then quantised.
+    On a 2-core Xeon, MiniLM's int8 graph embedded 300 passages of ~200 tokens 12% faster
+    fused than not (43.6 → 48.9 rows/s), with the same cosine to torch (0.9950). The fp32
+    graph stays unfused: it is the portable one, any ONNX runtime reads it; the int8 graph is
+    onnxruntime's anyway (its dynamic quantisation).
+    """
+    import onnx  # startup
     from onnxruntime.quantization import QuantType, quantize_dynamic  # startup
 
     # The quantiser logs on the root logger: a line per tensor it skips, at INFO (a job's
@@ -254,15 +265,21 @@ def quantize_int8(source: Path, path: Path, per_channel: bool, reduce_range: boo
     level = root.level
     root.setLevel(max(level, logging.WARNING))
     root.addFilter(_not_preprocessing_advice)
+    fused = path.with_name(path.stem + ".fused.onnx")
     try:
+        fusion = fused_for_onnxruntime(source, fused)
         quantize_dynamic(
-            str(source),
+            str(fused if fusion else source),
             str(path),
             weight_type=QuantType.QInt8,
             per_channel=per_channel,
             reduce_range=reduce_range,
+            # The fused operators are onnxruntime's own (domain com.microsoft), which ONNX's
+            # shape inference cannot type; their float tensors are float32.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     finally:
+        fused.unlink(missing_ok=True)
         root.removeFilter(_not_preprocessing_advice)
         root.setLevel(level)
     return {
@@ -272,8 +289,28 @@ def quantize_int8(source: Path, path: Path, per_channel: bool, reduce_range: boo
             "weights": "int8",
             "per_channel": per_channel,
             "reduce_range": reduce_range,
+            # {operator: count} fused before quantising; None where the optimizer failed.
+            "fused": fusion,
         },
     }
+
+
+def fused_for_onnxruntime(source: Path, path: Path) -> dict[str, int] | None:
+    """`source` through onnxruntime's transformer optimizer for BERT-like encoders
+    (``onnxruntime.transformers.optimizer.optimize_model``, heads and width read from the
+    graph) into `path`; the operators it fused, by count. An encoder it cannot read is
+    quantised unfused: None, with a warning. Either way the export's serving check then
+    compares the int8 graph with torch."""
+    from onnxruntime.transformers.optimizer import optimize_model  # startup
+
+    try:
+        optimized = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0)
+    except Exception as error:  # noqa: BLE001 - any failure leaves the unfused graph
+        log.warning("int8 graph: onnxruntime's optimizer failed (%s); quantising unfused", error)
+        return None
+    optimized.save_model_to_file(str(path))
+    counts = optimized.get_fused_operator_statistics()
+    return {name: int(count) for name, count in sorted(counts.items()) if count}
 
 
 def _not_preprocessing_advice(record: logging.LogRecord) -> bool:
