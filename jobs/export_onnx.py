@@ -83,7 +83,7 @@ def export_dir(config: ExportJobConfig) -> str:
     whole, without MODEL_DIR's own onnx/ folder, or not at all)."""
     if config.output.dir is None:
         return config.model.path
-    from distributed_emb.model.onnx_export import ONNX_DIR
+    from distributed_emb.model.onnx_files import ONNX_DIR
 
     source = Path(config.model.path)
     with staged_directory(config.output.dir) as staged:
@@ -97,7 +97,8 @@ def export_dir(config: ExportJobConfig) -> str:
 
 
 def run(config: ExportJobConfig) -> int:
-    from distributed_emb.model.onnx_export import export_onnx, write_export_info  # startup
+    from distributed_emb.model.onnx_export import export_onnx  # startup
+    from distributed_emb.model.onnx_files import write_export_info
     from distributed_emb.model.serving_check import below_minimum, format_backends, serving_check
 
     settings = config.onnx

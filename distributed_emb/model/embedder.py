@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
 
 from distributed_emb.model.compute_dtype import (
     check_bfloat16,
@@ -88,6 +87,8 @@ class Embedder:
     ) -> None:
         if embed_as is not None and embed_as not in ROLES:
             raise ValueError(f"embed_as must be one of {ROLES} or None, got {embed_as!r}")
+        import torch  # startup: a graph's actor (vectors/embed_backend.py) imports this module
+
         if torch_threads is not None:
             # Ray sets OMP threads from the actor's (possibly fractional) CPU share; an
             # explicit count lets one actor use the whole machine when it is alone on it.
@@ -216,7 +217,6 @@ def local_encode(
     return embedder.embed(sentences)
 
 
-@torch.no_grad()
 def embed_module(
     module,
     tokenizer,
@@ -228,18 +228,21 @@ def embed_module(
     """(n, d) embeddings from the module being trained (model/encoder.py TrainableEncoder), as
     its export computes them: no dropout, no training MLP unless it is exported. Sorted by
     length so padding is minimal; rows come back in input order."""
+    import torch  # startup
+
     was_training = module.training
     module.eval()
     device = next(module.parameters()).device
     order = np.argsort([-len(s) for s in sentences], kind="stable")
     chunks = []
-    for start in range(0, len(sentences), batch_size):
-        texts = [sentences[i] for i in order[start : start + batch_size]]
-        batch = tokenizer(
-            texts, padding=True, truncation=True, max_length=max_seq_length, return_tensors="pt"
-        ).to(device)
-        pooled = module(batch["input_ids"], batch["attention_mask"], use_mlp=include_mlp)
-        chunks.append(pooled.float().cpu())
+    with torch.no_grad():
+        for start in range(0, len(sentences), batch_size):
+            texts = [sentences[i] for i in order[start : start + batch_size]]
+            batch = tokenizer(
+                texts, padding=True, truncation=True, max_length=max_seq_length, return_tensors="pt"
+            ).to(device)
+            pooled = module(batch["input_ids"], batch["attention_mask"], use_mlp=include_mlp)
+            chunks.append(pooled.float().cpu())
     module.train(was_training)
     embeddings = torch.cat(chunks).numpy() if chunks else np.zeros((0, module.hidden_size))
     result = np.empty_like(embeddings)

@@ -8,6 +8,11 @@ graph of one variant, the tokenizer the SentenceTransformer uses and its max_seq
 once and cut into batches longest first by token count, so each batch pads little (the embed
 job gives it a whole corpus block at a time).
 
+The tokenizer is the export's ``tokenizer.json`` run by the `tokenizers` library
+(:class:`SavedTokenizer`), the same Rust tokenizer transformers' fast tokenizers wrap: the ids
+are transformers', and a graph's process imports neither transformers nor torch (the embed
+job's actors started 5 s faster; docs/BENCHMARKS.md, "Embedding a corpus").
+
 Prompts are text, not in the graph: ``embed(sentences, role)`` puts before each sentence what
 ``SentenceTransformer.encode_query`` ("query"), ``encode_document`` ("document") or ``encode``
 (None) would, from the model's prompts in ``MODEL_DIR/config_sentence_transformers.json``
@@ -16,6 +21,7 @@ Prompts are text, not in the graph: ``embed(sentences, role)`` puts before each 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +30,7 @@ import numpy as np
 
 from distributed_emb.errors import UserInputError
 from distributed_emb.model.model_config import ROLES, read_saved_prompts, role_prompt
-from distributed_emb.model.onnx_export import ONNX_DIR, read_export_info
+from distributed_emb.model.onnx_files import ONNX_DIR, read_export_info
 
 
 class OnnxEmbedder:
@@ -50,7 +56,6 @@ class OnnxEmbedder:
         max_seq_length: int | None = None,
     ) -> None:
         import onnxruntime  # startup
-        from transformers import AutoTokenizer  # startup
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -74,7 +79,7 @@ class OnnxEmbedder:
             str(self.path), options, providers=list(providers)
         )
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.tokenizer = AutoTokenizer.from_pretrained(str(onnx_dir / info["tokenizer"]))
+        self.tokenizer = SavedTokenizer(onnx_dir / info["tokenizer"])
         # The prompts the SentenceTransformer holds when loaded from model_dir.
         self.prompts, self.default_prompt_name = read_saved_prompts(str(model_dir))
         self.prompt_settings = {"query": query_prompt, "document": document_prompt}
@@ -98,7 +103,7 @@ class OnnxEmbedder:
             return np.zeros((0, self.dimension), dtype=np.float32)
         # Tokenised once, then longest first by token count: each batch pads only to its own
         # longest row (SentenceTransformer.encode sorts by characters, which comes close).
-        encoded = self.tokenizer(texts, truncation="longest_first", max_length=self.max_seq_length)
+        encoded = self.tokenizer(texts, self.max_seq_length)
         lengths = np.array([len(ids) for ids in encoded["input_ids"]])
         order = np.argsort(-lengths, kind="stable")
         chunks = []
@@ -131,3 +136,51 @@ class OnnxEmbedder:
             else:
                 batch[i, : len(sequence)] = sequence
         return batch
+
+
+class SavedTokenizer:
+    """A saved fast tokenizer's ``tokenizer.json`` through the `tokenizers` library, encoding as
+    transformers' ``tokenizer(texts, truncation="longest_first", max_length=n)`` does (special
+    tokens added, no padding), with the pad token, padding side and truncation side of its
+    ``tokenizer_config.json``. A directory without ``tokenizer.json`` (a tokenizer with no fast
+    version) is refused: the export saves the SentenceTransformer's own tokenizer, fast for
+    every model sentence-transformers loads by default."""
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer  # startup
+
+        file = directory / "tokenizer.json"
+        if not file.is_file():
+            raise UserInputError(
+                f"{file} is missing: serving a graph needs the model's fast tokenizer; export "
+                "a model whose tokenizer has a fast version"
+            )
+        config_file = directory / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        self.backend = Tokenizer.from_file(str(file))
+        self.backend.no_padding()  # each batch is padded to its own longest row by the caller
+        self.padding_side = config.get("padding_side", "right")
+        self.truncation_side = config.get("truncation_side", "right")
+        pad = config.get("pad_token")
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        self.pad_token_id = self.backend.token_to_id(pad) if pad else None
+        self.pad_token_type_id = 0  # transformers' default; no saved setting changes it
+        limit = config.get("model_max_length")
+        # transformers writes a huge number for "no limit".
+        self.model_max_length = limit if isinstance(limit, int) and limit < 10**9 else None
+
+    def __call__(self, texts: list[str], max_length: int | None) -> dict[str, list[list[int]]]:
+        """{input_ids, attention_mask, token_type_ids}: one list of ints per text, unpadded."""
+        length = max_length or self.model_max_length
+        if length:
+            self.backend.enable_truncation(
+                length, strategy="longest_first", direction=self.truncation_side
+            )
+        else:
+            self.backend.no_truncation()
+        encodings = self.backend.encode_batch(texts, add_special_tokens=True)
+        return {
+            "input_ids": [e.ids for e in encodings],
+            "attention_mask": [e.attention_mask for e in encodings],
+            "token_type_ids": [e.type_ids for e in encodings],
+        }

@@ -36,12 +36,14 @@ import torch
 from distributed_emb.atomic_files import staged_directory, write_text_atomic
 from distributed_emb.errors import UserInputError
 from distributed_emb.model.onnx_config import DEFAULT_OPSET, VARIANTS
+from distributed_emb.model.onnx_files import (
+    EXPORT_INFO_FILE,
+    ONNX_DIR,
+    TOKENIZER_DIR,
+    VARIANT_FILES,
+)
 from distributed_emb.model.sentence_transformer import _st_modules, is_sentence_transformer_dir
 
-ONNX_DIR = "onnx"
-EXPORT_INFO_FILE = "export.json"
-TOKENIZER_DIR = "tokenizer"
-VARIANT_FILES = {"fp32": "model.onnx", "int8": "model_qint8.onnx"}
 OUTPUT_NAME = "sentence_embedding"
 EXPORTER = "distributed_emb.model.onnx_export"
 
@@ -330,20 +332,3 @@ def _versions() -> dict[str, str]:
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
     }
-
-
-def read_export_info(model_dir: str | os.PathLike) -> dict:
-    """The onnx/export.json of `model_dir`; UserInputError when it has no export."""
-    path = Path(model_dir) / ONNX_DIR / EXPORT_INFO_FILE
-    if not path.is_file():
-        raise UserInputError(
-            f"{path} is missing: export the model first (python jobs/export_onnx.py {model_dir})"
-        )
-    return json.loads(path.read_text())
-
-
-def write_export_info(model_dir: str | os.PathLike, info: dict) -> Path:
-    """Replace the onnx/export.json of `model_dir` with `info` (e.g. with the check's numbers)."""
-    path = Path(model_dir) / ONNX_DIR / EXPORT_INFO_FILE
-    write_text_atomic(path, json.dumps(info, indent=1) + "\n")
-    return path

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from distributed_emb.storage import local_model_dir
+
+if TYPE_CHECKING:
+    import torch
 
 POOLERS = ("cls", "cls_before_pooler", "mean")
 
@@ -55,6 +57,8 @@ def pooling_module(hidden_size: int, pooler: str):
 
 def dense_module(linear: torch.nn.Linear, activation: torch.nn.Module | None):
     """A sentence-transformers Dense module holding a copy of `linear`'s weights."""
+    import torch  # startup
+
     return _st_modules().Dense(
         linear.in_features,
         linear.out_features,
@@ -89,6 +93,7 @@ def load_sentence_transformer(
     dense and normalise modules). Otherwise `path` is read as a plain HF encoder and `pooler`
     (default ``cls_before_pooler``, SimCSE's unsupervised setting) is put on top.
     """
+    import torch  # startup
     from sentence_transformers import SentenceTransformer  # startup
 
     path = local_model_dir(path)  # a model on object storage: this node's copy

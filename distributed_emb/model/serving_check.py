@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from distributed_emb.data.senteval_files import StsData, read_stsb
 from distributed_emb.model.embedder import Embedder, EmbeddingLookup
 from distributed_emb.model.onnx_embedder import OnnxEmbedder
-from distributed_emb.model.onnx_export import ONNX_DIR, read_export_info
+from distributed_emb.model.onnx_files import ONNX_DIR, read_export_info
 from distributed_emb.scoring import pair_cosines, spearman_of_embeddings
 
 

@@ -536,7 +536,8 @@ def export_backends(model_dir: str, config: TrainingConfig) -> dict:
     into <model_dir>/onnx/, each checked against the torch model on STS-B dev; what
     metrics.json keeps under "backends" (modules, and per variant its cosine agreement and
     Spearman)."""
-    from distributed_emb.model.onnx_export import export_onnx, write_export_info  # startup
+    from distributed_emb.model.onnx_export import export_onnx  # startup
+    from distributed_emb.model.onnx_files import write_export_info
     from distributed_emb.model.serving_check import serving_check
 
     variants = [ONNX_VARIANTS[name] for name in config.export.backends]

@@ -91,7 +91,7 @@ def prepare_graph(
     loaded with `pooler` (None: as saved): the model's own onnx/ folder, else the folder of
     `graph_cache` for it, exported and checked there on first use. Raises BackendCheckError
     when the variant failed the check."""
-    from distributed_emb.model.onnx_export import ONNX_DIR  # startup: torch
+    from distributed_emb.model.onnx_files import ONNX_DIR
 
     variant = BACKEND_VARIANTS[backend]
     own = _export_info(model) if pooler is None else None
@@ -123,7 +123,8 @@ def prepare_graph(
 def _export_info(location: str) -> dict | None:
     """The onnx/export.json under `location` when this project's exporter wrote it, else
     None (none there, a hub name, or another tool's folder)."""
-    from distributed_emb.model.onnx_export import EXPORT_INFO_FILE, EXPORTER, ONNX_DIR
+    from distributed_emb.model.onnx_export import EXPORTER  # startup: torch
+    from distributed_emb.model.onnx_files import EXPORT_INFO_FILE, ONNX_DIR
 
     try:
         text = read_text(join(location, ONNX_DIR, EXPORT_INFO_FILE))
@@ -144,7 +145,8 @@ def export_graphs(
     by model/onnx_export.py (fp32 and int8) and checked by model/serving_check.py, into the
     folder `cache` (local or object storage): its onnx/ folder and the model's prompts
     (config_sentence_transformers.json), not its weights. Returns export.json's content."""
-    from distributed_emb.model.onnx_export import ONNX_DIR, export_onnx, write_export_info
+    from distributed_emb.model.onnx_export import export_onnx  # startup: torch
+    from distributed_emb.model.onnx_files import ONNX_DIR, write_export_info
     from distributed_emb.model.sentence_transformer import load_sentence_transformer
 
     with tempfile.TemporaryDirectory(prefix="embed_graph_") as scratch:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,12 +17,9 @@ from harness.jobs import run as run_job  # noqa: E402
 
 from distributed_emb.evaluation.sts import read_stsb  # noqa: E402
 from distributed_emb.model.compression_head import CompressionHead  # noqa: E402
-from distributed_emb.model.onnx_embedder import OnnxEmbedder  # noqa: E402
-from distributed_emb.model.onnx_export import (  # noqa: E402
-    UnexportableModelError,
-    export_onnx,
-    read_export_info,
-)
+from distributed_emb.model.onnx_embedder import OnnxEmbedder, SavedTokenizer  # noqa: E402
+from distributed_emb.model.onnx_export import UnexportableModelError, export_onnx  # noqa: E402
+from distributed_emb.model.onnx_files import read_export_info  # noqa: E402
 from distributed_emb.model.serving_check import serving_check  # noqa: E402
 
 MAX_SEQ_LENGTH = 16  # below many STS-B sentences' length: truncation is part of what is compared
@@ -60,10 +60,42 @@ def test_the_graph_holds_every_module_and_the_head_sets_its_dimension(head_model
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
 
 
+def test_the_graph_s_tokenizer_gives_transformers_ids(head_model):
+    """SavedTokenizer (tokenizers on the saved tokenizer.json) against transformers' own
+    tokenizer of the same folder: the same ids, masks and types, cut where transformers cuts."""
+    from transformers import AutoTokenizer
+
+    data = read_stsb("dev", max_pairs=100)
+    texts = [*data.sentences1, "word " * 600, "Ünïcödé\tand 漢字 😀", ""]
+    folder = Path(head_model) / "onnx" / "tokenizer"
+    ours, theirs = SavedTokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert ours.pad_token_id == theirs.pad_token_id and ours.padding_side == theirs.padding_side
+    for length in (MAX_SEQ_LENGTH, None):
+        expected = theirs(texts, truncation="longest_first", max_length=length)
+        found = ours(texts, length)
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            assert found[name] == expected[name], (name, length)
+
+
+def test_serving_a_graph_imports_neither_torch_nor_transformers(head_model):
+    """The embed job's graph actors import the shard writer's module and OnnxEmbedder: with no
+    torch and no transformers, an actor starts in a fraction of the time."""
+    code = (
+        "import sys\n"
+        "import distributed_emb.vectors.corpus_embedding\n"
+        "from distributed_emb.model.onnx_embedder import OnnxEmbedder\n"
+        f"OnnxEmbedder({head_model!r}, 'int8').embed(['a sentence'])\n"
+        "print(sorted({'torch', 'transformers', 'sentence_transformers'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_each_variant_embeds_stsb_dev_as_the_torch_model_does(head_model):
     data = read_stsb("dev", max_pairs=100)
     tokenizer = OnnxEmbedder(head_model).tokenizer
-    lengths = [len(tokenizer(s)["input_ids"]) for s in data.sentences1]
+    lengths = [len(ids) for ids in tokenizer(data.sentences1, 10_000)["input_ids"]]
     assert max(lengths) > MAX_SEQ_LENGTH  # some sentences are truncated, as torch truncates them
 
     backends = serving_check(head_model, max_pairs=100)
