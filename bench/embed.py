@@ -13,9 +13,9 @@ Two corpora, each embedded by every arm:
   256-token limit: long rows of mixed lengths, where a batch that is not sorted by length pads
   most.
 
-The packaged all-MiniLM-L6-v2 at its own max length, batch 128, P processes (default: one per
-core) in the multi-process arm. Each arm from loading the model to the last vector, interleaved
-round by round:
+The packaged all-MiniLM-L6-v2 at its own max length, batch 32 (`encode`'s default and the
+job's), P processes (default: one per core) in the multi-process arm. Each arm from loading the
+model to the last vector, interleaved round by round:
 
 - `embed_job`: vectors/corpus_embedding.py `embed_corpus` as jobs/embed.py runs it once Ray is
   up (Ray's start is not timed, as in bench/encoding.py), with the layout it chooses by itself
@@ -73,7 +73,7 @@ from distributed_emb.paths import default_model_path, shipped_corpus
 from distributed_emb.tables import markdown_table
 from distributed_emb.vectors.embed_config import EmbedJobConfig
 
-BATCH = 128
+BATCH = 32  # sentence-transformers' encode default, and the embed job's (embed.batch_size)
 BASELINE = "st_one_process"
 DEFAULT_ARMS = ("embed_job", "embed_job_onnx_int8", BASELINE, "st_multi_process")
 OTHER_ARMS = (
