@@ -1,14 +1,16 @@
-"""Does the int8 graph the embed job can use (embed.backend=onnx_int8) retrieve as well as the
-torch model it came from? nDCG@10 (and the other BEIR metrics) of both on a BEIR directory,
-with the paired-bootstrap 95% interval of each difference.
+"""Do the faster ways the embed job can embed retrieve as well as the torch model in float32?
+The int8 graph (embed.backend=onnx_int8) and the torch model in bfloat16 (embed.compute_dtype,
+the default's choice on a CPU with AMX): nDCG@10 (and the other BEIR metrics) of each on a BEIR
+directory, with the paired-bootstrap 95% interval of each difference from float32.
 
     python -m bench.backend_quality [--retrieval shipped:news] [--splits test] [--model DIR]
 
 The packaged all-MiniLM-L6-v2 by default, copied to a scratch directory and exported there
 (model/onnx_export.py, the graphs the embed job reads), then each split searched with queries
-and corpus embedded by the torch model (model/embedder.py Embedder) and by the int8 graph
-(model/onnx_embedder.py OnnxEmbedder, the embed job's actors' embedder), scored by
-pytrec_eval and compared query by query (evaluation/comparison.py). Prints one JSON object.
+and corpus embedded by the torch model (model/embedder.py Embedder) in float32 and in
+bfloat16, and by the int8 graph (model/onnx_embedder.py OnnxEmbedder, the embed job's actors'
+embedder), scored by pytrec_eval and compared query by query with float32
+(evaluation/comparison.py). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retrieval", default="shipped:news", help="a BEIR directory")
     parser.add_argument("--splits", nargs="+", default=["test"])
     parser.add_argument("--model", default=None, help="default: the packaged MiniLM")
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
 
     directory = resolve_retrieval_dir(args.retrieval)
@@ -51,34 +53,35 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = Path(scratch) / "model"
         shutil.copytree(args.model or default_model_path(), model_dir)
         export_onnx(model_dir, variants=["fp32", "int8"])
-        outputs = {
-            "torch": evaluate_splits(
-                _encoders(Embedder(str(model_dir), batch_size=args.batch_size)),
-                directory,
-                args.splits,
+        embedders = {
+            "torch": Embedder(str(model_dir), batch_size=args.batch_size),
+            "torch_bfloat16": Embedder(
+                str(model_dir), batch_size=args.batch_size, compute_dtype="bfloat16"
             ),
-            "onnx_int8": evaluate_splits(
-                _encoders(OnnxEmbedder(model_dir, "int8", batch_size=args.batch_size)),
-                directory,
-                args.splits,
-            ),
+            "onnx_int8": OnnxEmbedder(model_dir, "int8", batch_size=args.batch_size),
         }
-    comparison = compare_results(
-        {"model": "torch", "beir": outputs["torch"]},
-        {"model": "onnx_int8", "beir": outputs["onnx_int8"]},
-    )
+        outputs = {
+            name: evaluate_splits(_encoders(embedder), directory, args.splits)
+            for name, embedder in embedders.items()
+        }
+    others = [name for name in outputs if name != "torch"]
+    comparisons = {
+        name: compare_results(
+            {"model": "torch", "beir": outputs["torch"]}, {"model": name, "beir": outputs[name]}
+        )
+        for name in others
+    }
     result = {
         "retrieval": args.retrieval,
         "splits": {
             split: {
                 "n_queries": outputs["torch"][split]["n_queries"],
-                "torch": outputs["torch"][split]["metrics"],
-                "onnx_int8": outputs["onnx_int8"][split]["metrics"],
-                "onnx_int8_minus_torch": comparison["beir"][split],
+                **{name: outputs[name][split]["metrics"] for name in outputs},
+                **{f"{name}_minus_torch": comparisons[name]["beir"][split] for name in others},
             }
             for split in args.splits
         },
-        "not_compared": comparison["not_compared"],
+        "not_compared": {name: comparisons[name]["not_compared"] for name in others},
     }
     print(json.dumps(result, indent=1, default=float))
     return 0

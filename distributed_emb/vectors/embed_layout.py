@@ -66,9 +66,9 @@ class EmbedLayout:
         )
         dtype = ""
         if self.backend == "torch":
-            dtype = f" in {self.compute_dtype}"
+            dtype = f", embed.compute_dtype={self.compute_dtype}"
             if self.compute_dtype == "auto":
-                dtype += " (bfloat16 on a CPU with AMX, else float32)"
+                dtype += ": bfloat16 on a CPU with AMX, else float32"
         return (
             f"layout: {self.reason}: {actors} × {self.threads} {threads}, "
             f"{_num(self.num_cpus_per_actor)} CPU{gpu} reserved each "
