@@ -279,7 +279,9 @@ def test_a_block_s_batches_go_longest_first(int8_backend_output, tiny_bert_path,
     graph.embed(block, role="document")
     torch_model.embed(block, role="document")
 
-    tokens = [len(ids) for ids in graph.graph.tokenizer(block)["input_ids"]]
+    tokens = [
+        len(ids) for ids in graph.graph.tokenizer(block, graph.graph.max_seq_length)["input_ids"]
+    ]
     by_characters = np.argsort([-len(t) for t in block], kind="stable")
     assert widths["torch"] == [
         max(tokens[i] for i in by_characters[start : start + 8]) for start in range(0, 40, 8)
