@@ -43,7 +43,8 @@ Every arm runs once on 64 rows of each corpus first (imports, first calls, the g
 id), so a fast arm cannot be a wrong one: torch arms to a cosine of 0.9999, the fp32 graph to
 0.999, the int8 graph by the export check's least mean cosine (0.97). Prints one JSON object
 (with `--json`, alone): per corpus, rows/s per arm and round, each arm's median rate divided
-by `st_one_process`'s, the cosines, and the documents' token lengths. `--small`: a few rows of
+by `st_one_process`'s, the cosines, the documents' token lengths, and what
+`embed.compute_dtype=auto` chose on this CPU (`compute_dtype_auto`). `--small`: a few rows of
 each corpus, one round, no warm-up: the smoke test's size (tests/bench/test_bench_smoke.py).
 """
 
@@ -68,6 +69,7 @@ from bench.encoding import cosine_rows
 from bench.machine import describe_machine, load_now
 from distributed_emb.config import load_config
 from distributed_emb.data.corpus import read_rows
+from distributed_emb.model.compute_dtype import resolve_compute_dtype
 from distributed_emb.model.onnx_config import minimum_mean_cosine
 from distributed_emb.paths import default_model_path, shipped_corpus
 from distributed_emb.tables import markdown_table
@@ -340,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         "processes": args.processes,
         "block_rows": args.block_rows,
         "batch_size": BATCH,
+        # What embed.compute_dtype=auto chose on this CPU, so the default's row is read right.
+        "compute_dtype_auto": resolve_compute_dtype("auto", "cpu"),
         "model": model,
         "baseline": BASELINE,
         "load_average": load,

@@ -250,6 +250,7 @@ def test_embed_bench_runs_every_arm_on_both_corpora_and_checks_their_vectors(tin
     result = json.loads(lines[0])
     arms = {"embed_job", "embed_job_onnx_int8", "st_one_process", "st_multi_process"}
     assert result["baseline"] == "st_one_process"
+    assert result["compute_dtype_auto"] in ("float32", "bfloat16")  # what the default ran in
     assert set(result["corpora"]) == {"sentences", "documents"}
     for name, corpus in result["corpora"].items():
         assert corpus["rows"] > 0, name
