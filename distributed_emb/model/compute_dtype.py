@@ -34,6 +34,7 @@ from typing import Literal
 import numpy as np
 
 from distributed_emb.errors import UserInputError
+from distributed_emb.scoring import pair_cosines
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,7 @@ def check_bfloat16(
     """Embed the first CHECK_ROWS of `texts` with ``embed_in(dtype, texts)`` in both formats
     and compare them row by row (cosine)."""
     sample = list(texts[:CHECK_ROWS])
-    exact = np.asarray(embed_in("float32", sample), dtype=np.float64)
-    fast = np.asarray(embed_in("bfloat16", sample), dtype=np.float64)
-    norms = np.linalg.norm(exact, axis=1) * np.linalg.norm(fast, axis=1)
-    cosines = (exact * fast).sum(axis=1) / np.maximum(norms, 1e-12)
+    cosines = pair_cosines(embed_in("float32", sample), embed_in("bfloat16", sample))  # (n,)
     return PrecisionCheck(len(sample), float(cosines.mean()), float(cosines.min()))
 
 

@@ -38,6 +38,7 @@ from distributed_emb.errors import UserInputError
 from distributed_emb.model.onnx_config import DEFAULT_OPSET, VARIANTS
 from distributed_emb.model.onnx_files import (
     EXPORT_INFO_FILE,
+    EXPORTER,
     ONNX_DIR,
     TOKENIZER_DIR,
     VARIANT_FILES,
@@ -45,7 +46,6 @@ from distributed_emb.model.onnx_files import (
 from distributed_emb.model.sentence_transformer import _st_modules, is_sentence_transformer_dir
 
 OUTPUT_NAME = "sentence_embedding"
-EXPORTER = "distributed_emb.model.onnx_export"
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,8 @@ ONNX_DIR = "onnx"
 EXPORT_INFO_FILE = "export.json"
 TOKENIZER_DIR = "tokenizer"
 VARIANT_FILES = {"fp32": "model.onnx", "int8": "model_qint8.onnx"}
+# export.json's "exporter": a folder this project's exporter wrote (another tool's is not read).
+EXPORTER = "distributed_emb.model.onnx_export"
 
 
 def read_export_info(model_dir: str | os.PathLike) -> dict:

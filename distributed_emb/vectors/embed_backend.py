@@ -123,8 +123,7 @@ def prepare_graph(
 def _export_info(location: str) -> dict | None:
     """The onnx/export.json under `location` when this project's exporter wrote it, else
     None (none there, a hub name, or another tool's folder)."""
-    from distributed_emb.model.onnx_export import EXPORTER  # startup: torch
-    from distributed_emb.model.onnx_files import EXPORT_INFO_FILE, ONNX_DIR
+    from distributed_emb.model.onnx_files import EXPORT_INFO_FILE, EXPORTER, ONNX_DIR
 
     try:
         text = read_text(join(location, ONNX_DIR, EXPORT_INFO_FILE))

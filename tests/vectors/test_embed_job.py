@@ -29,6 +29,7 @@ from distributed_emb.data.data_config import DataConfig
 from distributed_emb.data.readers import DROP, ROW_ID, iter_parsed_blocks
 from distributed_emb.data.sources import resolve_sources
 from distributed_emb.paths import shipped_corpus
+from distributed_emb.scoring import pair_cosines
 
 ROWS = 240  # data.max_rows of most runs: 6 blocks of 40 lines (the first lines are all kept)
 BLOCK_ROWS = 40
@@ -221,7 +222,7 @@ def test_search_embeds_queries_through_the_manifest_s_graph(int8_backend_output,
 def test_a_graph_failing_the_agreement_check_is_refused_naming_the_figure(tmp_path):
     """A cached export whose check recorded a mean cosine below the minimum: refused before any
     actor starts, with the figure (no model is loaded: the export is there)."""
-    from distributed_emb.model.onnx_export import EXPORTER
+    from distributed_emb.model.onnx_files import EXPORTER
     from distributed_emb.vectors.embed_backend import BackendCheckError, graph_key, prepare_graph
 
     figures = {"sentences": 2910, "stsb_dev_spearman": 80.0}
@@ -517,9 +518,10 @@ def test_an_actor_records_its_number_format_and_bfloat16_s_check(
         embed_as="document",
     )  # fmt: skip
     (summary,) = actor(_block_table(1, texts)).to_pylist()
-    _, vectors, _, _ = _shard(tmp_path / "shards" / "part-000000000001.parquet")
+    shard = pq.read_table(tmp_path / "shards" / "part-000000000001.parquet")
+    vectors = np.stack(shard.column("embedding").to_numpy(zero_copy_only=False))
     exact = embedder.embed(texts)
-    cosines = (unit(vectors) * unit(exact)).sum(axis=1)
+    cosines = pair_cosines(vectors, exact)
     assert summary[ce.COMPUTED_IN] == dtype
     folded = ce._precision({1: summary})
     assert folded["compute_dtype"] == [dtype]
@@ -584,13 +586,3 @@ def test_bfloat16_with_an_onnx_backend_is_refused_before_ray(tmp_path, capsys):
     args = ["--output", str(tmp_path / "out"), "embed.backend=onnx", "embed.compute_dtype=bfloat16"]
     assert run("embed", args) == 2
     assert "embed.compute_dtype" in capsys.readouterr().err
-
-
-def _shard(path: Path):
-    table = pq.read_table(path)
-    vectors = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
-    return table.column("id").to_numpy(), vectors, table.column("text").to_pylist(), None
-
-
-def unit(vectors: np.ndarray) -> np.ndarray:
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
