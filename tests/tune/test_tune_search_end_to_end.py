@@ -16,8 +16,9 @@ core-seconds, most of them a second Ray start and its trials' start-up. The inte
 a process of its own (a Ctrl-C reaches a job's main thread); the refused rerun and the
 resumption run in this process (`harness.jobs.run`, as `python jobs/tune_informin.py` runs
 them). The interrupted trial's workers are stopped (SIGSTOP) before the Ctrl-C, once Ray Train
-has registered one of its checkpoints: it cannot train on while the job winds down, so where it
-stood is known (that checkpoint) whatever the machine's load.
+has registered one of its checkpoints and while no newer checkpoint of it is on storage (the
+registry lags the storage): it cannot train on while the job winds down, so where it stood is
+known (that checkpoint) whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -126,10 +127,25 @@ def _registered_steps(run_dir: Path) -> list[int]:
     return [result["metrics"]["step"] for result in results]
 
 
+def _unfinished_on_storage(run_dir: Path) -> bool:
+    """Whether every checkpoint a stopped Train run has on storage is complete and before its
+    last step. Ray Train registers a checkpoint after its worker has written it, so the
+    snapshot can be behind the storage: a worker stopped just after writing its last step's
+    checkpoint has finished, and one stopped while writing leaves a checkpoint without its
+    state. Either would make "the interrupted trial resumes from its checkpoint" untrue."""
+    directories = list(run_dir.glob("checkpoint_*/"))
+    try:
+        steps = [json.loads((d / STATE_FILE).read_text())["step"] for d in directories]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return False
+    return bool(steps) and max(steps) < MAX_STEPS
+
+
 def _interrupted_run(args: list[str], output: Path, log: Path) -> dict:
     """The search in a process of its own: one trial's worker SIGKILLed at its first
     checkpoint (TrainWorkerKiller); once Ray Train has registered a checkpoint of another
-    trial that has not finished, that trial's workers are stopped and the job gets a SIGINT.
+    trial that has not finished, that trial's workers are stopped, and the job gets a SIGINT
+    if the storage agrees that the trial has not finished (else its workers go on).
     Returns the job's exit status and the killed and the interrupted Train runs. The stopped
     processes are killed once the job is over (they are this test's, and nothing else would
     end them). Tune's result.json files are no signal here: Tune writes them buffered."""
@@ -153,12 +169,18 @@ def _interrupted_run(args: list[str], output: Path, log: Path) -> dict:
                         and max(steps) < MAX_STEPS
                     ]
                     if training:
-                        interrupted = training[0].name
                         frozen = _our_train_workers()
                         for worker in frozen:
                             with contextlib.suppress(psutil.Error):
                                 worker.suspend()
-                        job.send_signal(signal.SIGINT)
+                        if _unfinished_on_storage(training[0]):
+                            interrupted = training[0].name
+                            job.send_signal(signal.SIGINT)
+                        else:  # it got further than its snapshot said: let it go on
+                            for worker in frozen:
+                                with contextlib.suppress(psutil.Error):
+                                    worker.resume()
+                            frozen = []
                 time.sleep(0.1)
             code = job.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
