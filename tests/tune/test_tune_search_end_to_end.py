@@ -329,9 +329,10 @@ def test_the_resumption_runs_no_ended_trial_again_and_continues_the_interrupted_
     state = _checkpoint_states(output / "ray_results" / f"search-{interrupted}")[-1]
     assert state["restarts"] == 1
     assert [row["step"] for row in state["history"]] == list(range(0, MAX_STEPS + 1, GRACE))
-    # The two trials that had not started ran after it.
+    # The trials that had not started by the interrupt ran in the resumption: two when the
+    # second trial was interrupted, fewer when one went on past its snapshot (_interrupted_run).
     runs = {run.name for run in (output / "ray_results").glob("search-*")}
-    assert len(runs) == 4 and len(runs - first["started"]) == 2
+    assert len(runs) == 4 and first["started"] <= runs
 
 
 def _asha_stops(reports: dict[str, list[dict]], resumed_at: float) -> set[str]:
