@@ -135,10 +135,10 @@ def _unfinished_on_storage(run_dir: Path) -> bool:
     state. Either would make "the interrupted trial resumes from its checkpoint" untrue."""
     directories = list(run_dir.glob("checkpoint_*/"))
     try:
-        steps = [json.loads((d / STATE_FILE).read_text())["step"] for d in directories]
+        states = _checkpoint_states(run_dir)  # only the checkpoints whose state is written
     except (OSError, json.JSONDecodeError, KeyError):
         return False
-    return bool(steps) and max(steps) < MAX_STEPS
+    return 0 < len(states) == len(directories) and states[-1]["step"] < MAX_STEPS
 
 
 def _interrupted_run(args: list[str], output: Path, log: Path) -> dict:
