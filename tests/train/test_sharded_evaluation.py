@@ -44,37 +44,48 @@ def _embed(model_path: str, calls: list[int]):
     return embed
 
 
-def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str, n: int):
+SIZES = (7, 1)  # an uneven split; fewer sentences than ranks
+
+
+def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str):
+    """Both sizes in one pair of processes (each process imports torch and builds the model
+    once: two spawns cost twice that)."""
     from distributed_emb import distributed
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    calls: list[int] = []
-    embed = _embed(model_path, calls)
-    result = distributed.map_sharded(SENTENCES[:n], embed, order_key=len)
-    np.save(os.path.join(out_dir, f"rank{rank}.npy"), result)
-    np.save(os.path.join(out_dir, f"calls{rank}.npy"), np.array(calls))
+    for n in SIZES:
+        calls: list[int] = []
+        embed = _embed(model_path, calls)
+        result = distributed.map_sharded(SENTENCES[:n], embed, order_key=len)
+        np.save(os.path.join(out_dir, f"rank{rank}_n{n}.npy"), result)
+        np.save(os.path.join(out_dir, f"calls{rank}_n{n}.npy"), np.array(calls))
     dist.destroy_process_group()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [7, 1])  # an uneven split; fewer sentences than ranks
-def test_two_ranks_embed_what_one_process_embeds(tiny_bert_path, tmp_path, n):
+@pytest.fixture(scope="module")
+def sharded(tiny_bert_path, tmp_path_factory):
+    """The directory where both ranks saved, for each size, what they embedded and their
+    calls."""
+    out = tmp_path_factory.mktemp("sharded")
     mp.spawn(
-        _worker,
-        args=(2, str(tmp_path / "init"), tiny_bert_path, str(tmp_path), n),
-        nprocs=2,
-        join=True,
+        _worker, args=(2, str(out / "init"), tiny_bert_path, str(out)), nprocs=2, join=True
     )
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", SIZES)
+def test_two_ranks_embed_what_one_process_embeds(sharded, tiny_bert_path, n):
     reference = _embed(tiny_bert_path, [])(SENTENCES[:n])  # (n, d)
     for rank in range(2):
-        got = np.load(tmp_path / f"rank{rank}.npy")
+        got = np.load(sharded / f"rank{rank}_n{n}.npy")
         assert got.shape == reference.shape
         # Padding differs from the one-process batches: equal up to float64 noise.
         np.testing.assert_allclose(got, reference, rtol=0, atol=1e-10)
     # Rows are distinct, so a permutation could not pass the check above.
     assert np.unique(reference.round(6), axis=0).shape[0] == n
-    calls = [np.load(tmp_path / f"calls{rank}.npy").tolist() for rank in range(2)]
+    calls = [np.load(sharded / f"calls{rank}_n{n}.npy").tolist() for rank in range(2)]
     assert calls[0] == calls[1] == [-(-n // 2)], calls  # one call each, of equal size
 
 
