@@ -108,9 +108,7 @@ def _worker(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("world", "rows"), [(2, 12), (3, 11)])  # 6, 6; then 4, 4, 3
-def test_workers_equal_single_process_on_concatenated_batch(
-    tiny_bert_path, tmp_path, world, rows
-):
+def test_workers_equal_single_process_on_concatenated_batch(tiny_bert_path, tmp_path, world, rows):
     mp.spawn(
         _worker,
         args=(world, rows, str(tmp_path / "init"), tiny_bert_path, str(tmp_path)),

@@ -68,9 +68,7 @@ def sharded(tiny_bert_path, tmp_path_factory):
     """The directory where both ranks saved, for each size, what they embedded and their
     calls."""
     out = tmp_path_factory.mktemp("sharded")
-    mp.spawn(
-        _worker, args=(2, str(out / "init"), tiny_bert_path, str(out)), nprocs=2, join=True
-    )
+    mp.spawn(_worker, args=(2, str(out / "init"), tiny_bert_path, str(out)), nprocs=2, join=True)
     return out
 
 
