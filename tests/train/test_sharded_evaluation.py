@@ -48,8 +48,9 @@ SIZES = (7, 1)  # an uneven split; fewer sentences than ranks
 
 
 def _worker(rank: int, world: int, init_file: str, model_path: str, out_dir: str):
-    """Both sizes in one pair of processes (each process imports torch and builds the model
-    once: two spawns cost twice that)."""
+    """Both sizes in one pair of processes: a spawned process's start (importing torch and
+    transformers, joining the group) costs more than both sizes' embedding; the model is
+    built afresh for each size, with the same seed."""
     from distributed_emb import distributed
 
     torch.set_num_threads(1)
