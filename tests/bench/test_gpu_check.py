@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Not the compiled arm: it is one line, `encoder.compile_backbone()`, what train.compile=true
 # runs, and tests/train/test_compiled_encoder.py compiles the tiny BERT and checks it against the
-# eager one. Compiling it a second time here, for a training step, cost 18 s of a cold run
+# eager one. Compiling it a second time here, for a training step, cost 24 s of a cold run
 # (31 core-seconds); "ddp+fp32" keeps an engine variant in the smoke run.
 @pytest.mark.slow  # a process of its own that builds two engines (about 7 s)
 def test_tiny_cpu_run_measures_every_engine(tmp_path):
